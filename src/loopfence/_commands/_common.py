@@ -1,0 +1,86 @@
+"""Shared CLI pieces: usage errors, limit flags, the live step printer and the summary table."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .._limits import Limits, parse_limit
+from .._stops import RunResult
+
+__all__ = ["UsageError", "limits_from_flags", "default_log_path", "live_printer", "print_summary",
+           "stderr"]
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class UsageError(Exception):
+    """Bad command-line input or input file: printed as one line, exit 2."""
+
+
+def limits_from_flags(pairs: list[str] | None, base: Limits | None = None) -> Limits:
+    changes: dict[str, Any] = {}
+    for text in pairs or []:
+        try:
+            name, value = parse_limit(text)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        changes[name] = value
+    return (base or Limits()).replace(**changes)
+
+
+def default_log_path(folder: str | Path = "runs") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return Path(folder) / f"run-{stamp}.jsonl"
+
+
+def _short(text: Any, n: int = 80) -> str:
+    s = str(text).replace("\n", " ")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def live_printer(console: Console = stderr) -> Any:
+    """A RunLog listener: one line per request, call decision and stop, on stderr."""
+
+    def on_event(e: dict[str, Any]) -> None:
+        kind = e["event"]
+        if kind == "request":
+            console.print(f"[dim]step {e['step']}[/] · prompt ~{e['prompt_estimate']} tokens")
+        elif kind == "reply":
+            u = e.get("usage") or {}
+            console.print(f"  [dim]reply[/] finish={e.get('finish_reason')} "
+                          f"prompt={u.get('prompt_tokens')} completion={u.get('completion_tokens')}")
+        elif kind == "result":
+            mark = {"executed": "→", "reused": "↺", "refused": "✗", "rejected": "✗"}[e["decision"]]
+            status = "ok" if e["ok"] else f"error: {e.get('error')}"
+            console.print(escape(f"  {mark} {e['name']} [{e['decision']}] {status} · {_short(e['content'], 60)}"))
+        elif kind == "gate":
+            console.print(f"  [yellow]gate[/] {e.get('name')}: {e.get('decision')} {e.get('reason', '')}")
+        elif kind == "stop":
+            console.print(f"[bold]stop[/] {e['reason']} ({e['verdict']}): {e['detail']}")
+
+    return on_event
+
+
+def print_summary(result: RunResult, console: Console = stderr) -> None:
+    led = result.ledger
+    table = Table(title="loopfence run", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    rows = [("stop", str(result.stop.reason)), ("verdict", str(result.verdict)),
+            ("detail", result.stop.detail), ("model requests", led.model_requests),
+            ("tool calls requested", led.tool_calls), ("tool executions", led.tool_executions),
+            ("reused", led.reused), ("refused", led.refused), ("rejected", led.rejected),
+            ("prompt tokens", led.prompt_tokens), ("completion tokens", led.completion_tokens),
+            ("elapsed", f"{led.elapsed_s:.2f}s"), ("log", result.log_path or "-")]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    console.print(table)
+    if result.final_answer:
+        print(result.final_answer, file=sys.stdout)

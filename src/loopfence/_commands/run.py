@@ -1,0 +1,58 @@
+"""`loopfence run TASK`: one fenced run, a live line per step, a summary, exit 0 SHIP / 1 KILL."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .._limits import Policy
+from .._loop import run
+from .._stops import Verdict
+from ..models import Model, ScriptedModel, ScriptError, load_script
+from ..runlog import RunLog
+from ..tools import workspace_tools
+from ._common import UsageError, default_log_path, limits_from_flags, live_printer, print_summary, stderr
+
+HELP = "run one task through the fenced loop"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help=HELP, description=(
+        "Run TASK through the fenced loop. The model is a --script of chat.completions replies "
+        "(JSONL, the last repeats). Exit code: 0 SHIP (final answer), 1 KILL (any other stop), "
+        "2 usage error."))
+    p.add_argument("task", help="the task given to the model as the user message")
+    p.add_argument("--script", metavar="FILE", help="scripted replies: JSONL of chat.completions objects")
+    p.add_argument("--workspace", metavar="DIR", default=".", help="folder the file tools work in (default: .)")
+    p.add_argument("--limit", metavar="NAME=VALUE", action="append", default=[],
+                   help="override a limit, e.g. max_steps=5, max_wall_seconds=none, no_progress=off")
+    p.add_argument("--log", metavar="PATH", help="run log path (default: runs/run-<time>.jsonl)")
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--on-bad-call", choices=["fail", "feedback"], default="fail",
+                   help="stop on a malformed call (fail, default) or tell the model (feedback)")
+    p.add_argument("--quiet", action="store_true", help="no live step lines")
+
+
+def build_model(args: argparse.Namespace) -> Model:
+    if args.script:
+        try:
+            return ScriptedModel(load_script(args.script))
+        except ScriptError as exc:
+            raise UsageError(str(exc)) from None
+    raise UsageError("no model: pass --script FILE")
+
+
+def main(args: argparse.Namespace) -> int:
+    limits = limits_from_flags(args.limit)
+    workspace = Path(args.workspace)
+    if not workspace.is_dir():
+        raise UsageError(f"--workspace {workspace}: not a folder")
+    model = build_model(args)
+    log_path = Path(args.log) if args.log else default_log_path()
+    log = RunLog(log_path, listener=None if args.quiet else live_printer())
+    result = run(args.task, model=model, tools=workspace_tools(workspace), limits=limits,
+                 policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,
+                 header={"workspace": str(workspace.resolve())})
+    print_summary(result)
+    return 0 if result.verdict is Verdict.SHIP else 1

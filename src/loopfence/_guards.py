@@ -1,0 +1,220 @@
+"""Guards: one small object per policy, each with phase-named methods returning None or a Stop.
+
+Phases: before_request (budgets are preconditions), on_reply (observe what was asked),
+before_execution (per call, before it runs or is reused), after_execution (per result),
+after_turn (once every call of a reply has its result).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from ._stops import Stop, StopReason
+from .tools._registry import ToolKind
+
+if TYPE_CHECKING:
+    from ._contract import CheckedCall
+    from ._state import RunState
+    from .tools._executor import ToolResult
+
+__all__ = [
+    "Guard", "Guards", "StepLimit", "ToolCallLimit", "PromptTokenLimit", "CompletionTokenLimit",
+    "WallClock", "RepeatedCall", "RepeatedResult", "NoProgress", "ResultContract", "default_guards",
+]
+
+
+class Guard:
+    """Base: every phase allows. Subclasses override the phases they watch."""
+
+    def before_request(self, s: RunState) -> Stop | None:
+        return None
+
+    def on_reply(self, s: RunState, calls: list[CheckedCall]) -> None:
+        return None
+
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
+        return None
+
+    def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
+        return None
+
+    def after_turn(self, s: RunState, results: list[ToolResult]) -> Stop | None:
+        return None
+
+
+class StepLimit(Guard):
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+
+    def before_request(self, s: RunState) -> Stop | None:
+        n = s.ledger.model_requests
+        if self.limit is not None and n >= self.limit:
+            return Stop(StopReason.MAX_STEPS, f"the next model request would exceed max_steps={self.limit} "
+                        f"({n} requests made)", {"limit": self.limit, "value": n + 1})
+        return None
+
+
+class ToolCallLimit(Guard):
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
+        n = s.ledger.tool_executions
+        if self.limit is not None and not reuse and n >= self.limit:
+            return Stop(StopReason.MAX_TOOL_CALLS, f"executing {c.tool.name} would exceed "
+                        f"max_tool_calls={self.limit} ({n} executions made)",
+                        {"limit": self.limit, "value": n + 1})
+        return None
+
+
+class PromptTokenLimit(Guard):
+    """Cumulative prompt tokens (reported, or estimated) plus the next prompt's estimate must fit."""
+
+    def __init__(self, limit: int | None, context_window: int | None = None) -> None:
+        self.limit = limit
+        self.context_window = context_window
+
+    def before_request(self, s: RunState) -> Stop | None:
+        est = s.next_prompt_estimate()
+        if self.context_window is not None and est > self.context_window:
+            return Stop(StopReason.CONTEXT_OVERFLOW, f"the next prompt (~{est} tokens, estimated) would "
+                        f"not fit context_window={self.context_window}; not sent",
+                        {"limit": self.context_window, "value": est})
+        used = s.ledger.prompt_tokens
+        if self.limit is not None and used + est > self.limit:
+            return Stop(StopReason.MAX_PROMPT_TOKENS, f"the next request would exceed max_prompt_tokens="
+                        f"{self.limit}: {used} used + ~{est} estimated for the next prompt; not sent",
+                        {"limit": self.limit, "value": used + est})
+        return None
+
+
+class CompletionTokenLimit(Guard):
+    """Cumulative completion tokens; a request's max_tokens is reserved before sending."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+
+    def before_request(self, s: RunState) -> Stop | None:
+        if self.limit is None:
+            return None
+        used = s.ledger.completion_tokens
+        reserve = s.params.get("max_tokens") or s.params.get("max_completion_tokens") or 0
+        if used >= self.limit or used + reserve > self.limit:
+            return Stop(StopReason.MAX_COMPLETION_TOKENS, f"the next request would exceed "
+                        f"max_completion_tokens={self.limit}: {used} used + {reserve} reserved by max_tokens",
+                        {"limit": self.limit, "value": used + reserve})
+        return None
+
+
+class WallClock(Guard):
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+
+    def _check(self, s: RunState, what: str) -> Stop | None:
+        elapsed = s.elapsed()
+        if self.limit is not None and elapsed >= self.limit:
+            return Stop(StopReason.MAX_WALL_SECONDS, f"{elapsed:.2f}s elapsed: {what} would run past "
+                        f"max_wall_seconds={self.limit:g}", {"limit": self.limit, "value": round(elapsed, 3)})
+        return None
+
+    def before_request(self, s: RunState) -> Stop | None:
+        return self._check(s, "the next model request")
+
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
+        return None if reuse else self._check(s, f"executing {c.tool.name}")
+
+
+class RepeatedCall(Guard):
+    """The same canonical call requested in `limit` model replies stops before it runs again."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.replies_asking: Counter[str] = Counter()
+
+    def on_reply(self, s: RunState, calls: list[CheckedCall]) -> None:
+        self.replies_asking.update({c.key for c in calls if c.tool.kind is not ToolKind.POLL})
+
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
+        n = self.replies_asking[c.key]
+        if self.limit is not None and c.tool.kind is not ToolKind.POLL and n >= self.limit:
+            return Stop(StopReason.REPEATED_CALL, f"{c.key} requested in {n} model replies "
+                        f"(max_repeats={self.limit}); not run again", {"limit": self.limit, "value": n})
+        return None
+
+
+class RepeatedResult(Guard):
+    """More than `limit` executed results in a row with one fingerprint, whatever the call."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.last: str | None = None
+        self.streak = 0
+
+    def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
+        if r.decision != "executed" or c.tool.kind is ToolKind.POLL:
+            return None
+        fp = r.fingerprint
+        self.streak = self.streak + 1 if fp == self.last else 1
+        self.last = fp
+        if self.limit is not None and self.streak > self.limit:
+            return Stop(StopReason.REPEATED_RESULT, f"{self.streak} executed results in a row with "
+                        f"fingerprint {fp} (max_identical_results={self.limit})",
+                        {"limit": self.limit, "value": self.streak, "fingerprint": fp})
+        return None
+
+
+class NoProgress(Guard):
+    """A turn whose every call was answered from the cache learned nothing new."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+
+    def after_turn(self, s: RunState, results: list[ToolResult]) -> Stop | None:
+        if self.enabled and results and all(r.decision == "reused" for r in results):
+            return Stop(StopReason.NO_PROGRESS, f"step {s.ledger.model_requests}: all {len(results)} "
+                        "call(s) were answered from the cache; nothing new was learned")
+        return None
+
+
+class ResultContract(Guard):
+    """A result that breaks the tool's declared result model stops the run."""
+
+    def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
+        if r.violation:
+            return Stop(StopReason.SCHEMA_MISMATCH, r.violation)
+        return None
+
+
+class Guards(Guard):
+    """Runs guards in order; the first stop wins."""
+
+    def __init__(self, guards: list[Guard]) -> None:
+        self.guards = guards
+
+    def before_request(self, s: RunState) -> Stop | None:
+        return next((x for g in self.guards if (x := g.before_request(s))), None)
+
+    def on_reply(self, s: RunState, calls: list[CheckedCall]) -> None:
+        for g in self.guards:
+            g.on_reply(s, calls)
+
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
+        return next((x for g in self.guards if (x := g.before_execution(s, c, reuse))), None)
+
+    def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
+        return next((x for g in self.guards if (x := g.after_execution(s, c, r))), None)
+
+    def after_turn(self, s: RunState, results: list[ToolResult]) -> Stop | None:
+        return next((x for g in self.guards if (x := g.after_turn(s, results))), None)
+
+
+def default_guards(limits: Any, extra: list[Guard] | None = None) -> Guards:
+    return Guards([
+        WallClock(limits.max_wall_seconds), StepLimit(limits.max_steps),
+        PromptTokenLimit(limits.max_prompt_tokens, limits.context_window),
+        CompletionTokenLimit(limits.max_completion_tokens),
+        RepeatedCall(limits.max_repeats), ToolCallLimit(limits.max_tool_calls),
+        ResultContract(), RepeatedResult(limits.max_identical_results), NoProgress(limits.no_progress),
+        *(extra or []),
+    ])

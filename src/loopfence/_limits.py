@@ -1,0 +1,151 @@
+"""Limits (frozen config, None = unlimited), the run policy, and the Ledger (running counts)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["Limits", "Policy", "Ledger", "LedgerSnapshot", "parse_limit"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Every budget and repetition rule of a run. `None` means unlimited; there is no magic 0."""
+
+    max_steps: int | None = 12
+    max_tool_calls: int | None = 24
+    max_prompt_tokens: int | None = 60_000
+    max_completion_tokens: int | None = 8_000
+    max_wall_seconds: float | None = 900.0
+    tool_timeout_s: float | None = 30.0
+    max_repeats: int | None = 3
+    max_identical_results: int | None = 2
+    no_progress: bool = True
+    context_window: int | None = None
+
+    def replace(self, **changes: Any) -> Limits:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Limits:
+        unknown = sorted(set(data) - set(cls.names()))
+        if unknown:
+            raise ValueError(f"unknown limit {unknown[0]!r} (known: {', '.join(cls.names())})")
+        return cls(**{k: _coerce(k, v) for k, v in data.items()})
+
+
+_INT = {"max_steps", "max_tool_calls", "max_prompt_tokens", "max_completion_tokens",
+        "max_repeats", "max_identical_results", "context_window"}
+_FLOAT = {"max_wall_seconds", "tool_timeout_s"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name == "no_progress":
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"limit no_progress must be true or false, got {value!r}")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"limit {name} must be a number or null, got {value!r}")
+    if value < 0:
+        raise ValueError(f"limit {name} must be >= 0, got {value!r}")
+    if name in _INT:
+        if int(value) != value:
+            raise ValueError(f"limit {name} must be a whole number, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def parse_limit(text: str) -> tuple[str, Any]:
+    """`NAME=VALUE` from the command line: numbers, `none`/`null` (unlimited), `on`/`off`."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ValueError(f"--limit expects NAME=VALUE, got {text!r}")
+    if name not in Limits.names():
+        raise ValueError(f"unknown limit {name!r} (known: {', '.join(Limits.names())})")
+    low = raw.strip().lower()
+    value: Any
+    if low in ("none", "null", "unlimited"):
+        value = None
+    elif low in ("on", "true", "yes"):
+        value = True
+    elif low in ("off", "false", "no"):
+        value = False
+    else:
+        try:
+            value = float(low) if any(c in low for c in ".e") else int(low)
+        except ValueError:
+            raise ValueError(f"--limit {name}: {raw!r} is not a number, none, on or off") from None
+    return name, _coerce(name, value)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What to do with a bad call: stop (fail closed) or tell the model and go on."""
+
+    on_bad_call: Literal["fail", "feedback"] = "fail"
+    max_bad_calls: int | None = 2
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Policy:
+        unknown = sorted(set(data) - {"on_bad_call", "max_bad_calls"})
+        if unknown:
+            raise ValueError(f"unknown policy key {unknown[0]!r}")
+        mode = data.get("on_bad_call", "fail")
+        if mode not in ("fail", "feedback"):
+            raise ValueError(f"policy on_bad_call must be 'fail' or 'feedback', got {mode!r}")
+        mbc = data.get("max_bad_calls", 2)
+        if mbc is not None and (isinstance(mbc, bool) or not isinstance(mbc, int) or mbc < 1):
+            raise ValueError(f"policy max_bad_calls must be a positive integer or null, got {mbc!r}")
+        return cls(on_bad_call=mode, max_bad_calls=mbc)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSnapshot:
+    model_requests: int
+    tool_calls: int
+    tool_executions: int
+    reused: int
+    refused: int
+    rejected: int
+    prompt_tokens: int
+    completion_tokens: int
+    elapsed_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class Ledger:
+    """What actually happened. Executions count per call, never per message."""
+
+    model_requests: int = 0
+    tool_calls: int = 0  # calls requested by the model
+    tool_executions: int = 0  # calls that really ran
+    reused: int = 0  # answered from the read-only cache
+    refused: int = 0  # a guard or gate said no
+    rejected: int = 0  # contract violations
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+    per_step: list[tuple[int, int]] = field(default_factory=list)  # (prompt, completion) per reply
+
+    def snapshot(self) -> LedgerSnapshot:
+        return LedgerSnapshot(
+            self.model_requests, self.tool_calls, self.tool_executions, self.reused, self.refused,
+            self.rejected, self.prompt_tokens, self.completion_tokens, round(self.elapsed_s, 6),
+        )

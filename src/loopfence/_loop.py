@@ -1,0 +1,171 @@
+"""The ring: send -> remember -> stop gate -> run tools. The only part that acts.
+
+Policies live in guards (_guards.py) and the contract (_contract.py); this module wires them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ._contract import CheckedCall, ContractResult, Violation, check_reply
+from ._guards import Guard, Guards, default_guards
+from ._limits import Limits, Policy
+from ._messages import Reply
+from ._state import RunState
+from ._stops import RunResult, Stop, StopError, StopReason
+from .models._base import Model
+from .runlog._writer import FORMAT, VERSION, RunLog
+from .tools._executor import Executor, ToolResult, error_result
+from .tools._registry import Registry, Tool, ToolKind
+
+__all__ = ["run", "drive", "new_state"]
+
+
+def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: Limits | None = None,
+        policy: Policy | None = None, system: str | None = None, params: dict[str, Any] | None = None,
+        log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
+        executor: Executor | None = None, header: dict[str, Any] | None = None) -> RunResult:
+    """Run the fenced loop until it stops for a named reason. Never raises for a stop."""
+    registry = tools if isinstance(tools, Registry) else Registry(tools)
+    messages = ([{"role": "system", "content": system}] if system else []) + \
+        [{"role": "user", "content": task}]
+    state = new_state(registry, limits or Limits(), policy or Policy(), params or {}, messages)
+    runlog = log if isinstance(log, RunLog) else RunLog(log, t0=state.t0)
+    runlog.write("header", format=FORMAT, version=VERSION, run_id=uuid.uuid4().hex,
+                 started_at=datetime.now(timezone.utc).isoformat(), task=task, system=system,
+                 limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
+                 tools=[{"kind": str(t.kind), "untrusted": t.untrusted, **t.schema()} for t in registry],
+                 model=_describe(model), **(header or {}))
+    return drive(state, model, runlog, default_guards(state.limits, guards), executor or Executor())
+
+
+def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[str, Any],
+              messages: list[dict[str, Any]]) -> RunState:
+    return RunState(limits, policy, registry, dict(params), messages=messages)
+
+
+def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
+    """Run the ring from the current state to a stop; write the stop as the log's last line."""
+    final: list[str | None] = [None, None]  # final answer, partial text of a cut-off reply
+    try:
+        stop = _ring(s, model, log, guards, executor, final)
+    except StopError as exc:
+        stop = exc.stop
+    except KeyboardInterrupt:
+        stop = Stop(StopReason.CANCELLED, "interrupted (Ctrl-C)")
+    except Exception as exc:  # noqa: BLE001 - a bug in an adapter must still end the run named
+        stop = Stop(StopReason.ENDPOINT_ERROR, f"unexpected {type(exc).__name__}: {exc}")
+    for call in list(s.pending):  # every requested call gets exactly one result
+        _record(s, log, call, error_result("not_executed", "refused",
+                message=f"not run: the run stopped ({stop.reason})"), key=None)
+    s.ledger.elapsed_s = s.elapsed()
+    ledger = s.ledger.snapshot()
+    log.write("stop", **stop.to_json(), verdict=str(stop.verdict), final_answer=final[0],
+              partial_text=final[1], ledger=ledger.to_json(),
+              per_step=[list(p) for p in s.ledger.per_step])
+    log.close()
+    return RunResult(stop, final[0], ledger, tuple(s.messages), log.path, final[1])
+
+
+def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor,
+          final: list[str | None]) -> Stop:
+    while True:
+        if stop := guards.before_request(s):
+            return stop
+        estimate = s.next_prompt_estimate()
+        request = s.request()
+        log.write("request", step=request.step, fingerprint=s.request_fingerprint(),
+                  n_messages=len(request.messages), prompt_estimate=estimate, params=request.params)
+        s.ledger.model_requests += 1
+        started = time.monotonic()
+        reply = model.complete(request)  # send
+        prompt, completion = s.remember(reply, estimate)  # remember
+        log.write("reply", step=request.step, raw=reply.raw, complete=reply.complete,
+                  problem=reply.problem, finish_reason=reply.finish_reason,
+                  usage={"prompt_tokens": prompt, "completion_tokens": completion,
+                         "reported": reply.usage is not None and reply.usage.prompt_tokens is not None},
+                  duration_s=round(time.monotonic() - started, 6))
+        checked = check_reply(reply, s.registry, s.params.get("max_tokens"))
+        calls, stop = _settle_contract(s, log, reply, checked, final)  # stop gate
+        if stop:
+            return stop
+        guards.on_reply(s, calls)
+        results: list[ToolResult] = []
+        for c in calls:  # run tools: one execution = one count
+            cached = s.cache.get(c.key) if c.tool.kind is ToolKind.READ_ONLY else None
+            if stop := guards.before_execution(s, c, cached is not None):
+                return stop
+            result = cached.as_reused() if cached else _execute(s, log, executor, c)
+            s.cache.record(c.tool, c.key, result)
+            _record(s, log, c.call, result, c.key, logged_intent=cached is None)
+            results.append(result)
+            if stop := guards.after_execution(s, c, result):
+                return stop
+        if stop := guards.after_turn(s, results):
+            return stop
+
+
+def _settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractResult,
+                     final: list[str | None]) -> tuple[list[CheckedCall], Stop | None]:
+    """Which calls may run, or the stop. Fail closed by default; feedback mode tells the model."""
+    if checked.incomplete:
+        final[1] = reply.content
+        return [], Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail)
+    if not reply.tool_calls:
+        text = (reply.content or "").strip()
+        if text:
+            final[0] = reply.content
+            return [], Stop(StopReason.FINAL_ANSWER, f"answer after {s.ledger.model_requests} requests")
+        return [], Stop(StopReason.EMPTY_ANSWER, "the model replied with no tool calls and no text")
+    bad = checked.violations
+    if not bad:
+        s.bad_streak = 0
+        return [i for i in checked.items if isinstance(i, CheckedCall)], None
+    s.bad_streak += 1
+    first = bad[0]
+    limit = s.policy.max_bad_calls
+    feedback = s.policy.on_bad_call == "feedback" and (limit is None or s.bad_streak < limit)
+    for v in bad:
+        body = v.feedback() if feedback else {"ok": False, "error": str(v.reason), "message": v.detail}
+        _record(s, log, v.call, _violation_result(body), key=None, reason=str(v.reason))
+    if feedback:
+        return [i for i in checked.items if isinstance(i, CheckedCall)], None
+    why = "" if s.policy.on_bad_call == "fail" else \
+        f" ({s.bad_streak} replies in a row with a violation, max_bad_calls={limit})"
+    return [], Stop(first.reason, first.detail + why)
+
+
+def _violation_result(body: dict[str, Any]) -> ToolResult:
+    return ToolResult(json.dumps(body, ensure_ascii=False), False, "rejected", error=body["error"])
+
+
+def _execute(s: RunState, log: RunLog, executor: Executor, c: CheckedCall) -> ToolResult:
+    log.write("call", step=s.ledger.model_requests, tool_call_id=c.call.id, name=c.tool.name,
+              raw_arguments=c.call.raw_arguments, arguments=c.args, key=c.key, kind=str(c.tool.kind),
+              decision="executed", intent=True)
+    return executor.execute(c.tool, c.args, s.tool_timeout())
+
+
+def _record(s: RunState, log: RunLog, call: Any, result: ToolResult, key: str | None,
+            logged_intent: bool = False, reason: str | None = None) -> None:
+    """One result per requested call: the call event (unless its intent was logged) and the result."""
+    step = s.ledger.model_requests
+    if not logged_intent:
+        log.write("call", step=step, tool_call_id=call.id, name=call.name,
+                  raw_arguments=call.raw_arguments, key=key, decision=result.decision,
+                  reason=reason or result.error)
+    s.add_result(call, result)
+    log.write("result", step=step, tool_call_id=call.id, name=call.name, decision=result.decision,
+              ok=result.ok, error=result.error, fingerprint=result.fingerprint,
+              duration_s=round(result.duration_s, 6), untrusted=result.untrusted, content=result.content)
+
+
+def _describe(model: Model) -> dict[str, Any]:
+    describe = getattr(model, "describe", None)
+    return describe() if callable(describe) else {"kind": type(model).__name__}

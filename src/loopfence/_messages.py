@@ -1,0 +1,126 @@
+"""Typed replies: a chat.completions response parsed once, at the edge, into values.
+
+`Reply.from_response(obj)` accepts the OpenAI response shape (and tolerates the usual server
+variations); everything past it reads attributes, never `dict.get` chains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._json import canonical_json
+
+__all__ = ["Usage", "ToolCall", "Reply", "Request", "ReplyFormatError"]
+
+
+class ReplyFormatError(ValueError):
+    """The object is not a chat.completions response we can read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> Usage | None:
+        if not isinstance(data, dict):
+            return None
+
+        def _int(v: Any) -> int | None:
+            return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+        return cls(_int(data.get("prompt_tokens")), _int(data.get("completion_tokens")))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One requested call as the model sent it. `arguments` is the raw text (or object) received."""
+
+    id: str
+    name: str
+    arguments: Any  # str (the wire form), a dict (some servers), or None
+    index: int = 0
+
+    @property
+    def raw_arguments(self) -> str:
+        if self.arguments is None:
+            return ""
+        return self.arguments if isinstance(self.arguments, str) else canonical_json(self.arguments)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.raw_arguments}}
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One assistant reply. `complete` is False when a stream ended early or broke."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str | None
+    usage: Usage | None
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    complete: bool = True
+    problem: str = ""  # why it is incomplete, when it is
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message as it goes back on the wire."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = [c.to_wire() for c in self.tool_calls]
+        return msg
+
+    @classmethod
+    def from_response(cls, obj: Any, *, complete: bool = True, problem: str = "") -> Reply:
+        if not isinstance(obj, dict):
+            raise ReplyFormatError(f"reply must be a JSON object, got {type(obj).__name__}")
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise ReplyFormatError("reply has no choices")
+        choice = choices[0]
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            raise ReplyFormatError("reply choice has no message object")
+        msg = choice["message"]
+        content = msg.get("content")
+        if isinstance(content, list):  # content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if content is not None and not isinstance(content, str):
+            raise ReplyFormatError("message content must be a string or null")
+        calls = _parse_calls(msg)
+        finish = choice.get("finish_reason") or None
+        return cls(content, calls, finish, Usage.from_json(obj.get("usage")), obj, complete, problem)
+
+
+def _parse_calls(msg: dict[str, Any]) -> tuple[ToolCall, ...]:
+    raw_calls = msg.get("tool_calls") or []
+    if not raw_calls and isinstance(msg.get("function_call"), dict):  # legacy single call
+        raw_calls = [{"id": "", "function": msg["function_call"]}]
+    if not isinstance(raw_calls, list):
+        raise ReplyFormatError("tool_calls must be a list")
+    out = []
+    for i, item in enumerate(raw_calls):
+        if not isinstance(item, dict) or not isinstance(item.get("function"), dict):
+            raise ReplyFormatError(f"tool_calls[{i}] has no function object")
+        fn = item["function"]
+        name = fn.get("name")
+        if not isinstance(name, str):
+            name = "" if name is None else str(name)
+        call_id = item.get("id") or f"call_{i}"
+        index = item.get("index", i)
+        out.append(ToolCall(str(call_id), name, fn.get("arguments"),
+                            index if isinstance(index, int) else i))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What the ring sends: the conversation, the tool schemas, request parameters, a deadline."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    params: dict[str, Any]
+    deadline: float | None = None  # time.monotonic() value the request must not outlive
+    step: int = 0

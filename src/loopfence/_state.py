@@ -1,0 +1,105 @@
+"""RunState: everything the ring and the guards read. Derived numbers are computed, not stored twice."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._json import canonical_json
+from ._limits import Ledger, Limits, Policy
+from ._messages import Reply, Request, ToolCall
+from ._tokens import TokenEstimator
+from .tools._executor import ResultCache, ToolResult
+from .tools._registry import Registry
+
+__all__ = ["RunState"]
+
+
+@dataclass
+class RunState:
+    limits: Limits
+    policy: Policy
+    registry: Registry
+    params: dict[str, Any] = field(default_factory=dict)
+    ledger: Ledger = field(default_factory=Ledger)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+    estimator: TokenEstimator = field(default_factory=TokenEstimator)
+    cache: ResultCache = field(default_factory=ResultCache)
+    pending: list[ToolCall] = field(default_factory=list)  # requested calls still owed a result
+    bad_streak: int = 0
+    chain: str = ""  # running hash over the conversation: request fingerprints in O(1) per message
+    _chars: int = 0
+    _tools_chars: int = 0
+    _tools_fp: str = ""
+    _last_prompt_chars: int = 0
+
+    def __post_init__(self) -> None:
+        tools = canonical_json(self.registry.schemas())
+        self._tools_chars = len(tools)
+        self._tools_fp = hashlib.sha256(tools.encode()).hexdigest()[:16]
+        old, self.messages = self.messages, []
+        for m in old:
+            self.append(m)
+
+    # -- clock -----------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def deadline(self) -> float | None:
+        w = self.limits.max_wall_seconds
+        return None if w is None else self.t0 + w
+
+    def tool_timeout(self) -> float | None:
+        """tool_timeout_s, never longer than what is left of max_wall_seconds."""
+        left = None if self.limits.max_wall_seconds is None else \
+            max(0.0, self.limits.max_wall_seconds - self.elapsed())
+        budget = [x for x in (self.limits.tool_timeout_s, left) if x is not None]
+        return min(budget) if budget else None
+
+    # -- conversation ----------------------------------------------------------------------------
+    def append(self, message: dict[str, Any]) -> None:
+        text = canonical_json(message)
+        self._chars += len(text)
+        self.chain = hashlib.sha256(f"{self.chain}\n{text}".encode()).hexdigest()[:16]
+        self.messages.append(message)
+
+    def prompt_chars(self) -> int:
+        return self._chars + self._tools_chars
+
+    def next_prompt_estimate(self) -> int:
+        return self.estimator.estimate(self.prompt_chars())
+
+    def request_fingerprint(self) -> str:
+        return f"{self.chain}:{self._tools_fp}"
+
+    def request(self) -> Request:
+        self._last_prompt_chars = self.prompt_chars()
+        return Request(list(self.messages), self.registry.schemas(), dict(self.params),
+                       self.deadline(), self.ledger.model_requests + 1)
+
+    def remember(self, reply: Reply, estimate: int) -> tuple[int, int]:
+        """Append the reply, count its tokens (estimates where none were reported)."""
+        self.append(reply.message())
+        self.pending = list(reply.tool_calls)
+        self.ledger.tool_calls += len(reply.tool_calls)
+        usage = reply.usage
+        prompt = usage.prompt_tokens if usage and usage.prompt_tokens is not None else estimate
+        completion = usage.completion_tokens if usage and usage.completion_tokens is not None else \
+            self.estimator.estimate(len(canonical_json(reply.message())))
+        if usage and usage.prompt_tokens:
+            self.estimator.calibrate(self._last_prompt_chars, usage.prompt_tokens)
+        self.ledger.prompt_tokens += prompt
+        self.ledger.completion_tokens += completion
+        self.ledger.per_step.append((prompt, completion))
+        return prompt, completion
+
+    def add_result(self, call: ToolCall, result: ToolResult) -> None:
+        self.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+        if call in self.pending:
+            self.pending.remove(call)
+        counter = {"executed": "tool_executions", "reused": "reused", "refused": "refused",
+                   "rejected": "rejected"}[result.decision]
+        setattr(self.ledger, counter, getattr(self.ledger, counter) + 1)

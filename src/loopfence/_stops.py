@@ -1,0 +1,85 @@
+"""Stops: one closed vocabulary, values at the edge.
+
+StopReason is the vocabulary; Stop is one stop with its detail; RunResult is what a run returns.
+Inside the package a stop may travel as StopError (an exception); it never leaves `run()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = ["StopReason", "Stop", "StopError", "Verdict", "RunResult"]
+
+
+class StopReason(StrEnum):
+    FINAL_ANSWER = "final_answer"
+    EMPTY_ANSWER = "empty_answer"
+    MAX_STEPS = "max_steps"
+    MAX_TOOL_CALLS = "max_tool_calls"
+    MAX_PROMPT_TOKENS = "max_prompt_tokens"
+    MAX_COMPLETION_TOKENS = "max_completion_tokens"
+    MAX_WALL_SECONDS = "max_wall_seconds"
+    REPEATED_CALL = "repeated_call"
+    REPEATED_RESULT = "repeated_result"
+    NO_PROGRESS = "no_progress"
+    INCOMPLETE_STREAM = "incomplete_stream"
+    INVALID_JSON = "invalid_json"
+    SCHEMA_MISMATCH = "schema_mismatch"
+    UNKNOWN_TOOL = "unknown_tool"
+    CONTEXT_OVERFLOW = "context_overflow"
+    ENDPOINT_ERROR = "endpoint_error"
+    CANCELLED = "cancelled"
+
+
+class Verdict(StrEnum):
+    SHIP = "SHIP"
+    KILL = "KILL"
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Why a run ended: a reason from the vocabulary and a human-readable detail."""
+
+    reason: StopReason
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.SHIP if self.reason is StopReason.FINAL_ANSWER else Verdict.KILL
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"reason": str(self.reason), "detail": self.detail}
+        if self.data:
+            out["data"] = self.data
+        return out
+
+
+class StopError(Exception):
+    """A stop raised deep inside (a model adapter, an executor); the ring turns it into a value."""
+
+    def __init__(self, reason: StopReason, detail: str = "", **data: Any) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.stop = Stop(StopReason(reason), detail, data)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What `run()` returns. Never raised, always complete."""
+
+    stop: Stop
+    final_answer: str | None
+    ledger: Any  # a frozen LedgerSnapshot (see _limits); Any keeps this module import-free
+    messages: tuple[dict[str, Any], ...]
+    log_path: str | None = None
+    partial_text: str | None = None
+
+    @property
+    def reason(self) -> StopReason:
+        return self.stop.reason
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.stop.verdict

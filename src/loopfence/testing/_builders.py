@@ -1,0 +1,37 @@
+"""Builders for chat.completions response objects (scripts, tests, drills)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["tool_call", "calls_reply", "text_reply"]
+
+
+def tool_call(name: str, arguments: Any = None, *, id: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """One wire tool call. `arguments` may be raw text (kept verbatim) or a dict; or pass kwargs."""
+    if arguments is None:
+        arguments = kwargs
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": id or "", "type": "function", "function": {"name": name, "arguments": raw}}
+
+
+def calls_reply(*calls: dict[str, Any], usage: tuple[int, int] | None = None,
+                finish_reason: str = "tool_calls", content: str | None = None) -> dict[str, Any]:
+    numbered = [dict(c, id=c.get("id") or f"call_{i}") for i, c in enumerate(calls)]
+    return _response({"role": "assistant", "content": content, "tool_calls": numbered},
+                     finish_reason, usage)
+
+
+def text_reply(text: str | None, *, usage: tuple[int, int] | None = None,
+               finish_reason: str = "stop") -> dict[str, Any]:
+    return _response({"role": "assistant", "content": text}, finish_reason, usage)
+
+
+def _response(message: dict[str, Any], finish_reason: str, usage: tuple[int, int] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": "chatcmpl-scripted", "object": "chat.completion", "model": "scripted",
+                           "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}]}
+    if usage is not None:
+        out["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1],
+                        "total_tokens": usage[0] + usage[1]}
+    return out

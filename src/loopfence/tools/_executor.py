@@ -1,0 +1,169 @@
+"""Running one tool call: timeout, structured errors, honest truncation, the read-only cache.
+
+Errors raised inside a tool never escape: they become `{"ok": false, "error": kind, ...}` results.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .._json import canonical_json, fingerprint
+from ._registry import Tool, ToolKind
+
+__all__ = ["ToolResult", "Executor", "ResultCache", "error_result", "DEFAULT_RESULT_CAP"]
+
+DEFAULT_RESULT_CAP = 16_000
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What the model receives for one call, and how it came to be."""
+
+    content: str
+    ok: bool
+    decision: str = "executed"  # executed | reused | refused | rejected
+    duration_s: float = 0.0
+    error: str | None = None
+    violation: str | None = None  # the result broke the tool's result model
+    untrusted: bool = False
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.content)
+
+    def as_reused(self) -> ToolResult:
+        note = "\n[reused: same call as earlier in this run; result repeated, not executed again]"
+        return ToolResult(self.content + note, self.ok, "reused", 0.0, self.error, None, self.untrusted)
+
+
+def error_result(error: str, decision: str = "executed", **fields: Any) -> ToolResult:
+    """A structured failure the model can act on."""
+    body = {"ok": False, "error": error, **fields}
+    return ToolResult(json.dumps(body, ensure_ascii=False), False, decision, error=error)
+
+
+def _render(value: Any) -> tuple[str, bool, str | None]:
+    """(content, ok, error kind): a dict with "ok": false is a failure named by its "error"."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    if isinstance(value, str):
+        return value, True, None
+    failed = isinstance(value, dict) and value.get("ok") is False
+    error = str(value.get("error", "tool_error")) if failed else None
+    try:
+        return json.dumps(value, ensure_ascii=False), not failed, error
+    except (TypeError, ValueError):
+        return canonical_json(value), not failed, error
+
+
+def cap_text(text: str, cap: int | None) -> str:
+    if cap is None or len(text) <= cap:
+        return text
+    return f"{text[:cap]}\n[truncated: {len(text):,} characters, showing the first {cap:,}]"
+
+
+class Executor:
+    """Runs a tool under a timeout and turns whatever happens into a ToolResult."""
+
+    def __init__(self, result_cap: int | None = DEFAULT_RESULT_CAP) -> None:
+        self.result_cap = result_cap
+
+    def execute(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
+        start = time.monotonic()
+        if t.isolation == "process":
+            from ._process import run_in_process  # local import: only process tools pay for it
+
+            status, value = run_in_process(t.fn, args, timeout_s)
+        else:
+            status, value = _run_in_thread(t.fn, args, timeout_s)
+        duration = time.monotonic() - start
+        if status == "timeout":
+            stopped = "the work was stopped" if t.isolation == "process" else \
+                "the waiting was stopped; an in-thread tool cannot be killed and may still be running"
+            res = error_result("timeout", tool=t.name, timeout_s=timeout_s, message=(
+                f"{t.name} did not finish within {timeout_s:g}s; {stopped}"))
+        elif status == "error":
+            exc = value
+            fields: dict[str, Any] = {"message": f"{type(exc).__name__}: {exc}"}
+            if t.kind is ToolKind.SIDE_EFFECT:
+                fields["side_effects"] = "may have happened: the tool raised after it started"
+            res = error_result(_error_kind(exc), **fields)
+        else:
+            violation = _check_result(t, value)
+            content, ok, error = _render(value)
+            res = ToolResult(cap_text(content, self.result_cap), ok, error=error, violation=violation)
+        return ToolResult(res.content, res.ok, "executed", duration, res.error, res.violation,
+                          t.untrusted)
+
+
+def _check_result(t: Tool, value: Any) -> str | None:
+    if t.result_model is None:
+        return None
+    try:
+        if isinstance(value, BaseModel):
+            value = value.model_dump(mode="json")
+        t.result_model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ())) or "result"
+        return f"{t.name} result does not match {t.result_model.__name__}: {loc}: {first.get('msg')}"
+    return None
+
+
+def _error_kind(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "missing_file"
+    if isinstance(exc, PermissionError):
+        return "permission_denied"
+    if isinstance(exc, IsADirectoryError):
+        return "is_a_directory"
+    if isinstance(exc, (UnicodeDecodeError, ValueError, TypeError)):
+        return "invalid_value"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return "tool_error"
+
+
+def _run_in_thread(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:
+    if timeout_s is None:
+        try:
+            return "ok", fn(**args)
+        except Exception as exc:  # noqa: BLE001 - a raising tool is data
+            return "error", exc
+    box: list[tuple[str, Any]] = []
+
+    def target() -> None:
+        try:
+            box.append(("ok", fn(**args)))
+        except BaseException as exc:  # noqa: BLE001
+            box.append(("error", exc))
+
+    worker = threading.Thread(target=target, daemon=True, name="loopfence-tool")
+    worker.start()
+    worker.join(max(timeout_s, 0.0))
+    return box[0] if box else ("timeout", None)
+
+
+class ResultCache:
+    """Read-only results by canonical key; any side-effect execution clears it."""
+
+    def __init__(self) -> None:
+        self._results: dict[str, ToolResult] = {}
+
+    def get(self, key: str) -> ToolResult | None:
+        return self._results.get(key)
+
+    def record(self, t: Tool, key: str, result: ToolResult) -> None:
+        if t.kind is ToolKind.READ_ONLY and result.decision == "executed":
+            self._results[key] = result
+        elif t.kind is ToolKind.SIDE_EFFECT and result.decision == "executed":
+            self._results.clear()
+
+    def clear(self) -> None:
+        self._results.clear()

@@ -1,0 +1,154 @@
+"""Tools are plain functions: name, docstring -> description, signature -> JSON schema.
+
+`Tool.validate(args)` binds arguments to the signature (defaults applied, extra and mistyped keys
+refused); the bound arguments are what the canonical key is made of.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from ._jsonschema import apply_defaults, validate_schema
+
+__all__ = ["Tool", "ToolKind", "Registry", "tool", "ArgumentError"]
+
+
+class ToolKind(StrEnum):
+    READ_ONLY = "read_only"  # duplicates within a run are answered from the cache
+    SIDE_EFFECT = "side_effect"  # never cached; bounded by max_repeats
+    POLL = "poll"  # never cached; exempt from repetition rules
+
+
+class ArgumentError(ValueError):
+    """Arguments that do not fit the tool's schema (missing, mistyped or extra keys)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool. Build from a function with `tool(fn, ...)` or from a JSON schema with `Tool.from_schema`.
+
+    isolation: "thread" runs the function in a worker thread; its timeout stops the waiting, NOT the
+    work (Python threads cannot be killed). "process" runs it in a child process that is killed at the
+    timeout, so the work stops too (arguments and result must be picklable).
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., Any]
+    kind: ToolKind = ToolKind.SIDE_EFFECT
+    result_model: type[BaseModel] | None = None
+    untrusted: bool = False
+    isolation: str = "thread"
+    privileged: bool = False
+    args_model: type[BaseModel] | None = field(default=None, repr=False)
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI `tools[]` entry."""
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        """Bound arguments with defaults applied, or ArgumentError naming what is wrong."""
+        if not isinstance(args, dict):
+            raise ArgumentError(f"arguments must be a JSON object, got {type(args).__name__}")
+        if self.args_model is not None:
+            try:
+                bound = self.args_model.model_validate(args)
+            except ValidationError as exc:
+                raise ArgumentError(_describe(exc)) from None
+            return {k: getattr(bound, k) for k in type(bound).model_fields}
+        problem = validate_schema(args, self.parameters)
+        if problem:
+            raise ArgumentError(problem)
+        return apply_defaults(args, self.parameters)
+
+    @classmethod
+    def from_schema(cls, name: str, fn: Callable[..., Any], parameters: dict[str, Any] | None = None,
+                    *, description: str = "", **options: Any) -> Tool:
+        params = parameters if parameters is not None else {"type": "object"}
+        return cls(name, description, params, fn, **options)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "arguments"
+        kind = err.get("type", "")
+        if kind == "missing":
+            parts.append(f"missing required argument {loc!r}")
+        elif kind == "extra_forbidden":
+            parts.append(f"unexpected argument {loc!r}")
+        else:
+            parts.append(f"argument {loc!r}: {err.get('msg', kind)}")
+    return "; ".join(parts)
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind: str = "side_effect",
+         description: str | None = None, result_model: type[BaseModel] | None = None,
+         untrusted: bool = False, isolation: str = "thread", privileged: bool = False) -> Any:
+    """Make a Tool from a plain function (usable bare or as `@tool(kind="read_only")`)."""
+
+    def build(f: Callable[..., Any]) -> Tool:
+        sig = inspect.signature(f)
+        fields: dict[str, Any] = {}
+        for pname, p in sig.parameters.items():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TypeError(f"tool {f.__name__}: *args/**kwargs are not allowed in tools")
+            ann = p.annotation if p.annotation is not inspect.Parameter.empty else Any
+            fields[pname] = (ann, ... if p.default is inspect.Parameter.empty else p.default)
+        model = create_model(f"{f.__name__}_args", __base__=_Strict, **fields)
+        params = model.model_json_schema()
+        params.pop("title", None)
+        for prop in params.get("properties", {}).values():
+            prop.pop("title", None)
+        params["additionalProperties"] = False
+        doc = description if description is not None else inspect.getdoc(f) or ""
+        return Tool(name or f.__name__, doc, params, f, ToolKind(kind), result_model, untrusted,
+                    isolation, privileged, model)
+
+    return build(fn) if fn is not None else build
+
+
+class Registry:
+    """Tools by exact name: no aliases, no fuzzy matching."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            self.add(t)
+
+    def add(self, t: Tool) -> None:
+        if not isinstance(t, Tool):
+            t = tool(t)
+        if t.name in self._tools:
+            raise ValueError(f"tool {t.name!r} is registered twice")
+        self._tools[t.name] = t
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self._tools.values()]
