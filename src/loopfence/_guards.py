@@ -1,8 +1,9 @@
 """Guards: one small object per policy, each with phase-named methods returning None or a Stop.
 
 Phases: before_request (budgets are preconditions), on_reply (observe what was asked),
-before_execution (per call, before it runs or is reused), after_execution (per result),
-after_turn (once every call of a reply has its result).
+before_execution (per call, before it runs or is reused; may also return a ToolResult made with
+`tools.refusal(...)`: that call is refused, the model receives the result, and the run goes on),
+after_execution (per result), after_turn (once every call of a reply has its result).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Guard:
     def on_reply(self, s: RunState, calls: list[CheckedCall]) -> None:
         return None
 
-    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | ToolResult | None:
         return None
 
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
@@ -199,7 +200,7 @@ class Guards(Guard):
         for g in self.guards:
             g.on_reply(s, calls)
 
-    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | ToolResult | None:
         return next((x for g in self.guards if (x := g.before_execution(s, c, reuse))), None)
 
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:

@@ -53,6 +53,7 @@ def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[s
 def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
     """Run the ring from the current state to a stop; write the stop as the log's last line."""
     final: list[str | None] = [None, None]  # final answer, partial text of a cut-off reply
+    s.log = log
     try:
         stop = _ring(s, model, log, guards, executor, final)
     except StopError as exc:
@@ -99,11 +100,12 @@ def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
         results: list[ToolResult] = []
         for c in calls:  # run tools: one execution = one count
             cached = s.cache.get(c.key) if c.tool.kind is ToolKind.READ_ONLY else None
-            if stop := guards.before_execution(s, c, cached is not None):
-                return stop
-            result = cached.as_reused() if cached else _execute(s, log, executor, c)
+            verdict = guards.before_execution(s, c, cached is not None)
+            if isinstance(verdict, Stop):
+                return verdict
+            result = verdict or (cached.as_reused() if cached else _execute(s, log, executor, c))
             s.cache.record(c.tool, c.key, result)
-            _record(s, log, c.call, result, c.key, logged_intent=cached is None)
+            _record(s, log, c.call, result, c.key, logged_intent=result.decision == "executed")
             results.append(result)
             if stop := guards.after_execution(s, c, result):
                 return stop

@@ -30,6 +30,7 @@ class RunState:
     cache: ResultCache = field(default_factory=ResultCache)
     pending: list[ToolCall] = field(default_factory=list)  # requested calls still owed a result
     bad_streak: int = 0
+    log: Any = None  # the RunLog, so guards and gates can write their own events
     chain: str = ""  # running hash over the conversation: request fingerprints in O(1) per message
     _chars: int = 0
     _tools_chars: int = 0

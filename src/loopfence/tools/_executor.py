@@ -16,7 +16,8 @@ from pydantic import BaseModel, ValidationError
 from .._json import canonical_json, fingerprint
 from ._registry import Tool, ToolKind
 
-__all__ = ["ToolResult", "Executor", "ResultCache", "error_result", "DEFAULT_RESULT_CAP"]
+__all__ = ["ToolResult", "ToolOutput", "Executor", "ResultCache", "error_result", "refusal",
+           "DEFAULT_RESULT_CAP"]
 
 DEFAULT_RESULT_CAP = 16_000
 
@@ -40,6 +41,19 @@ class ToolResult:
     def as_reused(self) -> ToolResult:
         note = "\n[reused: same call as earlier in this run; result repeated, not executed again]"
         return ToolResult(self.content + note, self.ok, "reused", 0.0, self.error, None, self.untrusted)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """What a tool may return to flag its result: e.g. an HTML page is untrusted content."""
+
+    value: Any
+    untrusted: bool = False
+
+
+def refusal(error: str, **fields: Any) -> ToolResult:
+    """A guard's or gate's "no" for one call: the model gets this result; the run goes on."""
+    return error_result(error, "refused", **fields)
 
 
 def error_result(error: str, decision: str = "executed", **fields: Any) -> ToolResult:
@@ -95,11 +109,14 @@ class Executor:
                 fields["side_effects"] = "may have happened: the tool raised after it started"
             res = error_result(_error_kind(exc), **fields)
         else:
+            untrusted = t.untrusted
+            if isinstance(value, ToolOutput):
+                value, untrusted = value.value, t.untrusted or value.untrusted
             violation = _check_result(t, value)
             content, ok, error = _render(value)
-            res = ToolResult(cap_text(content, self.result_cap), ok, error=error, violation=violation)
-        return ToolResult(res.content, res.ok, "executed", duration, res.error, res.violation,
-                          t.untrusted)
+            return ToolResult(cap_text(content, self.result_cap), ok, "executed", duration, error,
+                              violation, untrusted)
+        return ToolResult(res.content, res.ok, "executed", duration, res.error, None, t.untrusted)
 
 
 def _check_result(t: Tool, value: Any) -> str | None:
