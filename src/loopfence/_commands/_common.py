@@ -78,9 +78,12 @@ def print_summary(result: RunResult, console: Console = stderr) -> None:
             ("tool calls requested", led.tool_calls), ("tool executions", led.tool_executions),
             ("reused", led.reused), ("refused", led.refused), ("rejected", led.rejected),
             ("prompt tokens", led.prompt_tokens), ("completion tokens", led.completion_tokens),
-            ("elapsed", f"{led.elapsed_s:.2f}s"), ("log", result.log_path or "-")]
+            ("elapsed", f"{led.elapsed_s:.2f}s")]
     for k, v in rows:
         table.add_row(k, str(v))
     console.print(table)
+    if result.log_path:
+        console.print(f"log: {result.log_path}", markup=False, highlight=False, overflow="ignore",
+                      crop=False)
     if result.final_answer:
         print(result.final_answer, file=sys.stdout)

@@ -73,10 +73,15 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
             try:
                 numbered.append((lineno, json.loads(line)))
             except json.JSONDecodeError as exc:
+                _check(p, numbered)
                 raise ScriptError(f"{p}:{lineno}: not valid JSON: {exc.msg}") from None
+    _check(p, numbered)
+    return [item for _, item in numbered]
+
+
+def _check(p: Path, numbered: list[tuple[int, Any]]) -> None:
     for lineno, item in numbered:
         try:
             Reply.from_response(item)
         except ReplyFormatError as exc:
             raise ScriptError(f"{p}:{lineno}: {exc}") from None
-    return [item for _, item in numbered]

@@ -1,0 +1,3 @@
+from loopfence.cli import main
+
+main()
