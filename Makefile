@@ -31,8 +31,14 @@ sandbox:
 	  else sudo -n apt-get install -y -q bubblewrap >/dev/null 2>&1; fi; \
 	  command -v bwrap >/dev/null 2>&1 || echo "warning: bubblewrap missing: run_command will fail closed"; }
 
+# The sample task on the sample workspace, with the embedded model (no server, no key). Logs go to runs/.
+# chatml-function-calling shows the tools to the model only when there is a system message.
+# Exit 0 (SHIP) and 1 (KILL: the fence stopped the tiny model) are both a named end; 2+ fails.
+RUN_SYSTEM := You work in a folder of files. Use the tools to read what the task names. \
+  When you have read it, reply with a short note in Markdown.
 run: $(LOCAL) sandbox
-	$(VENV)/bin/loopfence run "Make a note from pages/tl-intro.html" --workspace examples/workspace
+	@$(VENV)/bin/loopfence run "Make a note from pages/tl-intro.html" --workspace examples/workspace \
+	  --system "$(RUN_SYSTEM)"; rc=$$?; [ $$rc -le 1 ]
 
 test: $(LOCAL) sandbox
 	$(PY) -m pytest

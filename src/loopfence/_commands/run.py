@@ -20,8 +20,9 @@ HELP = "run one task through the fenced loop"
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("run", help=HELP, description=(
         "Run TASK through the fenced loop. The model is a --script of chat.completions replies "
-        "(JSONL, the last repeats). Exit code: 0 SHIP (final answer), 1 KILL (any other stop), "
-        "2 usage error."))
+        "(JSONL, the last repeats), or by default the embedded local model (loopfence[local]: "
+        "SmolLM2-135M in llama.cpp, no server, no key). "
+        "Exit code: 0 SHIP (final answer), 1 KILL (any other stop), 2 usage error."))
     p.add_argument("task", help="the task given to the model as the user message")
     p.add_argument("--script", metavar="FILE", help="scripted replies: JSONL of chat.completions objects")
     p.add_argument("--workspace", metavar="DIR", default=".", help="folder the file tools work in (default: .)")
@@ -40,7 +41,17 @@ def build_model(args: argparse.Namespace) -> Model:
             return ScriptedModel(load_script(args.script))
         except ScriptError as exc:
             raise UsageError(str(exc)) from None
-    raise UsageError("no model: pass --script FILE")
+    return _local_model()
+
+
+def _local_model() -> Model:
+    """The embedded default (loopfence[local]); a missing extra is a one-line usage error."""
+    from ..models._local import LocalModel, LocalModelUnavailable
+
+    try:
+        return LocalModel()
+    except LocalModelUnavailable as exc:
+        raise UsageError(str(exc)) from None
 
 
 def main(args: argparse.Namespace) -> int:
