@@ -10,6 +10,7 @@ not this adapter, deals with them.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import time
 from pathlib import Path
@@ -70,7 +71,8 @@ class LocalModel:
         self.seed = seed
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self.n_threads = n_threads
+        # half the cores, at most 4: llama.cpp threads that share a busy core slow down many-fold
+        self.n_threads = n_threads or min(4, max(1, (os.cpu_count() or 2) // 2))
         self._llm: Any = None  # llama_cpp.Llama, loaded on first use
 
     def load(self) -> Any:
@@ -78,7 +80,7 @@ class LocalModel:
         if self._llm is None:
             self._llm = _capped_llama_class()(
                 model_path=str(self.model_path), chat_format=self.chat_format, n_ctx=self.n_ctx,
-                seed=self.seed, n_threads=self.n_threads, verbose=False)
+                seed=self.seed, n_threads=self.n_threads, n_threads_batch=self.n_threads, verbose=False)
         return self._llm
 
     def complete(self, request: Request) -> Reply:
@@ -114,7 +116,7 @@ class LocalModel:
     def describe(self) -> dict[str, Any]:
         return {"kind": "local", "model": self.model_path.name, "chat_format": self.chat_format,
                 "n_ctx": self.n_ctx, "seed": self.seed, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+                "max_tokens": self.max_tokens, "n_threads": self.n_threads}
 
 
 def _capped_llama_class() -> type:
