@@ -1,0 +1,78 @@
+"""`loopfence drill PATH...`: run scenario files, print the decision table, exit 0 only if all pass."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ..drill import (DrillSetupError, Endpoint, ScenarioError, load_scenarios, print_table,
+                     run_scenario, scripted_models, write_results)
+from ..drill._models import ModelFactory, http_pieces
+from ._common import UsageError, stderr
+
+HELP = "run drill scenarios and print the decision table"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("drill", help=HELP, description=(
+        "Run every scenario file (*.json) under PATH: a fresh workspace each, the scenario's tools, "
+        "scripted replies (or a real model with --base-url). Prints the decision table; writes each "
+        "run's log and results.json to --out. Exit code: 0 if every scenario with an expect passed, "
+        "1 otherwise, 2 on bad scenario files."))
+    p.add_argument("paths", nargs="+", metavar="PATH", help="scenario files or folders")
+    p.add_argument("--out", metavar="DIR", help="where logs and results.json go (default: runs/drill-<time>/)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per scenario on stdout (the table goes to stderr)")
+    p.add_argument("--base-url", metavar="URL", help="let a real OpenAI-compatible endpoint answer "
+                   "instead of the scenario's replies (tools and workspace stay)")
+    p.add_argument("--model", metavar="NAME", help="model name sent to --base-url")
+
+
+def _models(args: argparse.Namespace) -> ModelFactory:
+    if args.model and not args.base_url:
+        raise UsageError("--model needs --base-url")
+    if not args.base_url:
+        return scripted_models
+    if not args.model:
+        raise UsageError("--base-url needs --model NAME")
+    try:
+        http_pieces(server=False)
+    except DrillSetupError as exc:
+        raise UsageError(f"--base-url: {exc}") from None
+    return Endpoint(args.base_url, args.model)
+
+
+def _console(to_stderr: bool) -> Console:
+    """The table's console; a file or pipe gets a wide table instead of rich's 80 columns."""
+    console = Console(stderr=to_stderr, highlight=False)
+    return console if console.is_terminal else Console(stderr=to_stderr, highlight=False, width=150)
+
+
+def main(args: argparse.Namespace) -> int:
+    models = _models(args)
+    try:
+        scenarios = load_scenarios(args.paths)
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from None
+    out = Path(args.out) if args.out else Path("runs") / f"drill-{datetime.now():%Y%m%d-%H%M%S-%f}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: {exc}") from None
+    table_console = _console(to_stderr=args.json)
+    results = []
+    for scenario in scenarios:
+        row = run_scenario(scenario, out, models)
+        results.append(row)
+        if args.json:
+            print(json.dumps(row.to_json(), ensure_ascii=False), file=sys.stdout, flush=True)
+    print_table(results, table_console)
+    path = write_results(out, results, [str(p) for p in args.paths])
+    stderr.print(f"logs and results: {path}", markup=False)
+    return 1 if any(r.failed for r in results) else 0

@@ -1,0 +1,160 @@
+"""Loading scenario files: every field validated, errors name the file and the field (ScenarioError)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from functools import cache
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .._limits import Limits, Policy
+from ..tools import workspace_tools
+from ._fields import Fields
+from ._parts import parse_canned, parse_expect, parse_replies
+from ._scenario import Scenario, ScenarioError
+from ._stubs import STUB_NAMES
+
+__all__ = ["load_scenario", "load_scenarios", "find_scenario_files", "builtin_tool_names",
+           "known_tool_names", "SCENARIO_KEYS"]
+
+SCENARIO_KEYS = ("name", "description", "task", "system", "workspace", "symlinks", "tools",
+                 "canned_tools", "limits", "policy", "params", "stream", "replies", "expect")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@cache
+def builtin_tool_names() -> tuple[str, ...]:
+    """The names `workspace_tools` offers (built once over an empty folder)."""
+    with tempfile.TemporaryDirectory(prefix="loopfence-names-") as tmp:
+        return tuple(t.name for t in workspace_tools(tmp))
+
+
+def known_tool_names() -> tuple[str, ...]:
+    return (*builtin_tool_names(), *STUB_NAMES)
+
+
+def find_scenario_files(paths: list[str | Path]) -> list[Path]:
+    """Every *.json under the given files/folders, sorted per folder. Missing paths are errors."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(x for x in p.rglob("*.json") if x.is_file())
+            if not found:
+                raise ScenarioError(p, "", "no scenario files (*.json) in this folder")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ScenarioError(p, "", "no such file or folder")
+    return out
+
+
+def load_scenarios(paths: list[str | Path]) -> list[Scenario]:
+    """All scenarios under `paths`; the first bad file raises ScenarioError. Names must be unique."""
+    scenarios: list[Scenario] = []
+    seen: dict[str, str] = {}
+    for p in find_scenario_files(paths):
+        s = load_scenario(p)
+        if s.name in seen:
+            raise ScenarioError(p, "name", f"{s.name!r} is already used by {seen[s.name]}")
+        seen[s.name] = str(p)
+        scenarios.append(s)
+    return scenarios
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(p, "", f"cannot read: {exc}") from None
+    if not text.strip():
+        raise ScenarioError(p, "", "empty file: a scenario is one JSON object")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(p, "", f"line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg}") from None
+    return parse_scenario(data, str(p))
+
+
+def parse_scenario(data: Any, file: str) -> Scenario:
+    f = Fields.of(file, "", data)
+    f.only(SCENARIO_KEYS)
+    name = f.string("name", required=True) or ""
+    if not _NAME.match(name):
+        f.fail("name", f"{name!r}: use letters, digits, '.', '_' and '-' (it names the log file)")
+    tools = f.strings("tools")
+    known = known_tool_names()
+    for i, t in enumerate(tools):
+        if t not in known:
+            raise ScenarioError(file, f"tools[{i}]", f"unknown tool {t!r} (known: {', '.join(known)})")
+        if tools.index(t) != i:
+            raise ScenarioError(file, f"tools[{i}]", f"{t!r} is listed twice")
+    canned_f = f.obj("canned_tools")
+    canned = []
+    for cname, spec in (canned_f.data.items() if canned_f else ()):
+        if not _NAME.match(cname):
+            canned_f.fail(cname, "a tool name uses letters, digits, '.', '_' and '-'")  # type: ignore[union-attr]
+        if cname in tools:
+            canned_f.fail(cname, f"{cname!r} is also enabled in tools")  # type: ignore[union-attr]
+        canned.append(parse_canned(Fields.of(file, f"canned_tools.{cname}", spec), cname))
+    expect_f = f.obj("expect")
+    return Scenario(
+        name=name, task=f.string("task", required=True) or "", replies=parse_replies(f), file=file,
+        description=f.string("description", "") or "", system=f.string("system"),
+        workspace=_paths(f, "workspace"), symlinks=_links(f), tools=tuple(tools),
+        canned_tools=tuple(canned), limits=_limits(f), policy=_policy(f), params=_params(f),
+        stream=f.boolean("stream", False),
+        expect=parse_expect(expect_f, set(tools) | {c.name for c in canned}) if expect_f else None,
+    )
+
+
+def _relative(f: Fields, key: str, rel: str) -> None:
+    parts = PurePosixPath(rel).parts
+    if not rel or rel.startswith(("/", "\\")) or ".." in parts or not parts or "\\" in rel:
+        f.fail(key, "must be a relative path inside the workspace (no '..', no leading '/')")
+
+
+def _paths(f: Fields, key: str) -> dict[str, str]:
+    files = f.string_map(key)
+    sub = f.obj(key)
+    for rel in files:
+        _relative(sub, rel, rel)  # type: ignore[arg-type]
+    return files
+
+
+def _links(f: Fields) -> dict[str, str]:
+    links = _paths(f, "symlinks")
+    sub = f.obj("symlinks")
+    for rel, target in links.items():
+        if not target:
+            sub.fail(rel, "link target must not be empty")  # type: ignore[union-attr]
+    return links
+
+
+def _limits(f: Fields) -> Limits:
+    sub = f.obj("limits")
+    if sub is None:
+        return Limits()
+    for k, v in sub.data.items():
+        try:
+            Limits.from_json({k: v})
+        except ValueError as exc:
+            sub.fail(k, str(exc))
+    return Limits.from_json(sub.data)
+
+
+def _policy(f: Fields) -> Policy:
+    sub = f.obj("policy")
+    try:
+        return Policy.from_json(sub.data) if sub else Policy()
+    except ValueError as exc:
+        raise ScenarioError(f.file, "policy", str(exc)) from None
+
+
+def _params(f: Fields) -> dict[str, Any]:
+    sub = f.obj("params")
+    return dict(sub.data) if sub else {}

@@ -1,0 +1,120 @@
+"""Running one scenario: a fresh temp workspace, its tools, a model from the factory, the fenced run."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._loop import run
+from .._stops import RunResult
+from ..runlog import RunLog
+from ..tools import ArgumentError, Registry
+from ._calls import CallRecord, calls_from_events
+from ._expect import Observed, mismatches
+from ._models import DrillSetupError, ModelFactory, scripted_models
+from ._scenario import Scenario
+from ._tools import make_workspace, scenario_tools
+
+__all__ = ["DrillResult", "run_scenario"]
+
+
+@dataclass(frozen=True, slots=True)
+class DrillResult:
+    """One row of the decision table."""
+
+    name: str
+    file: str
+    expected_stop: str | None
+    stop: str | None
+    verdict: str | None
+    detail: str
+    counts: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+    calls: tuple[CallRecord, ...] = ()
+    passed: bool | None = None  # None: the scenario has no expect
+    mismatches: tuple[str, ...] = ()
+    error: str | None = None  # the scenario could not run
+    log: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or self.passed is False
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name, "file": self.file, "stop": self.stop, "verdict": self.verdict,
+            "detail": self.detail, **{k: self.counts.get(k, 0) for k in _COUNTS},
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "elapsed_s": round(self.elapsed_s, 3), "calls": [c.to_json() for c in self.calls],
+            "log": self.log,
+        }
+        if self.expected_stop is not None:
+            out["expected_stop"] = self.expected_stop
+        if self.error is not None:
+            out["error"] = self.error
+        if self.passed is not None or self.error is not None:
+            out["pass"] = not self.failed
+            out["mismatches"] = list(self.mismatches)
+        return out
+
+
+_COUNTS = ("model_requests", "tool_calls", "tool_executions", "reused", "refused", "rejected")
+
+
+def run_scenario(scenario: Scenario, out_dir: str | Path,
+                 models: ModelFactory = scripted_models) -> DrillResult:
+    """Run one scenario; its log goes to `out_dir/<name>.jsonl`. Never raises for a run's outcome."""
+    log_path = Path(out_dir) / f"{scenario.name}.jsonl"
+    expected = str(scenario.expect.stop) if scenario.expect and scenario.expect.stop else None
+    events: list[dict[str, Any]] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"loopfence-drill-{scenario.name}-") as tmp:
+        root = Path(tmp).resolve()
+        try:
+            make_workspace(root, scenario)
+            registry = scenario_tools(scenario, root)
+            with models(scenario) as model:
+                result = run(scenario.task, model=model, tools=registry, limits=scenario.limits,
+                             policy=scenario.policy, system=scenario.system, params=scenario.params,
+                             log=RunLog(log_path, listener=events.append),
+                             header={"workspace": str(root), "drill": {"scenario": scenario.name,
+                                                                      "file": scenario.file}})
+        except Exception as exc:  # noqa: BLE001 - a scenario that cannot run is a failed row
+            why = str(exc) if isinstance(exc, (DrillSetupError, OSError)) else f"{type(exc).__name__}: {exc}"
+            return DrillResult(scenario.name, scenario.file, expected, None, None, why,
+                               elapsed_s=time.monotonic() - started, passed=False,
+                               mismatches=(why,), error=why)
+        expect = scenario.expect
+        existing = frozenset(p for p in (expect.files_exist if expect else ()) if (root / p).exists())
+    return _row(scenario, expected, result, calls_from_events(events), existing, registry, log_path)
+
+
+def _row(scenario: Scenario, expected: str | None, result: RunResult, calls: list[CallRecord],
+         existing: frozenset[str], registry: Registry, log_path: Path) -> DrillResult:
+    led = result.ledger
+    counts = {k: int(getattr(led, k)) for k in _COUNTS}
+    passed, problems = None, ()
+    if scenario.expect is not None:
+        log_text = log_path.read_text(encoding="utf-8") if scenario.expect.log_contains else ""
+        observed = Observed(str(result.stop.reason), str(result.verdict), counts, led.elapsed_s,
+                            tuple(calls), existing, log_text)
+        problems = tuple(mismatches(scenario.expect, observed, lambda n, a: _bind(registry, n, a)))
+        passed = not problems
+    return DrillResult(scenario.name, scenario.file, expected, str(result.stop.reason), str(result.verdict),
+                       result.stop.detail, counts, led.prompt_tokens, led.completion_tokens, led.elapsed_s,
+                       tuple(calls), passed, problems, None, str(log_path))
+
+
+def _bind(registry: Registry, name: str, arguments: dict[str, Any]) -> Any:
+    t = registry.get(name)
+    if t is None:
+        return arguments
+    try:
+        return t.validate(arguments)
+    except ArgumentError:
+        return arguments

@@ -1,0 +1,64 @@
+"""The decision table: one row per scenario, printed with rich; and the results file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ._runner import DrillResult
+
+__all__ = ["decision_table", "print_table", "write_results", "RESULTS_FORMAT"]
+
+RESULTS_FORMAT = "loopfence.drill"
+
+
+def _mark(r: DrillResult) -> str:
+    if r.error is not None:
+        return "[red]error[/]"
+    if r.passed is None:
+        return "[dim]-[/]"
+    return "[green]pass[/]" if r.passed else "[red]FAIL[/]"
+
+
+def decision_table(results: Sequence[DrillResult]) -> Table:
+    table = Table(title="loopfence drill")
+    table.add_column("scenario", overflow="fold")
+    table.add_column("expected stop", overflow="fold")
+    table.add_column("actual stop", overflow="fold")
+    for col in ("requests", "executed", "reused", "tokens"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("pass", justify="center", no_wrap=True)
+    for r in results:
+        table.add_row(escape(r.name), r.expected_stop or "-", r.stop or "-",
+                      str(r.counts.get("model_requests", 0)), str(r.counts.get("tool_executions", 0)),
+                      str(r.counts.get("reused", 0)), str(r.prompt_tokens + r.completion_tokens), _mark(r))
+    return table
+
+
+def print_table(results: Sequence[DrillResult], console: Console) -> None:
+    console.print(decision_table(results))
+    for r in results:
+        for problem in r.mismatches:
+            console.print(escape(f"  {r.name}: {problem}"), style="red")
+    failed = sum(r.failed for r in results)
+    checked = sum(r.passed is not None or r.error is not None for r in results)
+    console.print(f"{checked - failed}/{checked} scenarios with expectations passed"
+                  + (f"; [red]{failed} failed[/]" if failed else ""))
+
+
+def write_results(out_dir: Path, results: Sequence[DrillResult], paths: Sequence[str]) -> Path:
+    doc: dict[str, Any] = {
+        "format": RESULTS_FORMAT, "version": 1, "written_at": datetime.now(timezone.utc).isoformat(),
+        "paths": list(paths), "passed": not any(r.failed for r in results),
+        "scenarios": [r.to_json() for r in results],
+    }
+    path = out_dir / "results.json"
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
