@@ -210,12 +210,13 @@ class Guards(Guard):
         return next((x for g in self.guards if (x := g.after_turn(s, results))), None)
 
 
-def default_guards(limits: Any, extra: list[Guard] | None = None) -> Guards:
+def default_guards(limits: Any, extra: list[Guard] | None = None, gate: Guard | None = None) -> Guards:
+    """The ring's guards in order; `gate` (the untrusted-content gate) refuses before a call counts."""
     return Guards([
         WallClock(limits.max_wall_seconds), StepLimit(limits.max_steps),
         PromptTokenLimit(limits.max_prompt_tokens, limits.context_window),
         CompletionTokenLimit(limits.max_completion_tokens),
-        RepeatedCall(limits.max_repeats), ToolCallLimit(limits.max_tool_calls),
+        RepeatedCall(limits.max_repeats), *([gate] if gate else []), ToolCallLimit(limits.max_tool_calls),
         ResultContract(), RepeatedResult(limits.max_identical_results), NoProgress(limits.no_progress),
         *(extra or []),
     ])

@@ -13,7 +13,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ._compact import Compaction
 from ._contract import CheckedCall, ContractResult, Violation, check_reply
+from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard, Guards, default_guards
 from ._limits import Limits, Policy
 from ._messages import Reply
@@ -30,30 +32,41 @@ __all__ = ["run", "drive", "new_state"]
 def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: Limits | None = None,
         policy: Policy | None = None, system: str | None = None, params: dict[str, Any] | None = None,
         log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
-        executor: Executor | None = None, header: dict[str, Any] | None = None) -> RunResult:
-    """Run the fenced loop until it stops for a named reason. Never raises for a stop."""
+        executor: Executor | None = None, header: dict[str, Any] | None = None,
+        gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
+        compaction: Compaction | None = None) -> RunResult:
+    """Run the fenced loop until it stops for a named reason. Never raises for a stop.
+
+    gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
+    compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables).
+    """
     registry = tools if isinstance(tools, Registry) else Registry(tools)
     messages = ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": task}]
-    state = new_state(registry, limits or Limits(), policy or Policy(), params or {}, messages)
+    gate = gate or UntrustedGate(approve)
+    state = new_state(registry, limits or Limits(), policy or Policy(), params or {}, messages,
+                      compaction or Compaction())
     runlog = log if isinstance(log, RunLog) else RunLog(log, t0=state.t0)
     runlog.write("header", format=FORMAT, version=VERSION, run_id=uuid.uuid4().hex,
                  started_at=datetime.now(timezone.utc).isoformat(), task=task, system=system,
                  limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
                  tools=[{"kind": str(t.kind), "untrusted": t.untrusted, **t.schema()} for t in registry],
-                 model=_describe(model), **(header or {}))
-    return drive(state, model, runlog, default_guards(state.limits, guards), executor or Executor())
+                 model=_describe(model), gate=gate.describe(), compaction=state.compaction.to_json(),
+                 **(header or {}))
+    return drive(state, model, runlog, default_guards(state.limits, guards, gate), executor or Executor())
 
 
 def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[str, Any],
-              messages: list[dict[str, Any]]) -> RunState:
-    return RunState(limits, policy, registry, dict(params), messages=messages)
+              messages: list[dict[str, Any]], compaction: Compaction | None = None) -> RunState:
+    return RunState(limits, policy, registry, dict(params), messages=messages,
+                    compaction=compaction or Compaction())
 
 
 def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
     """Run the ring from the current state to a stop; write the stop as the log's last line."""
     final: list[str | None] = [None, None]  # final answer, partial text of a cut-off reply
     s.log = log
+    s.token_counter = getattr(model, "count_tokens", None)  # exact counts when the model offers them
     try:
         stop = _ring(s, model, log, guards, executor, final)
     except StopError as exc:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._compact import Compaction, OutgoingView
 from ._json import canonical_json
 from ._limits import Ledger, Limits, Policy
 from ._messages import Reply, Request, ToolCall
@@ -32,6 +34,10 @@ class RunState:
     bad_streak: int = 0
     log: Any = None  # the RunLog, so guards and gates can write their own events
     chain: str = ""  # running hash over the conversation: request fingerprints in O(1) per message
+    compaction: Compaction = field(default_factory=Compaction)  # shapes the outgoing view only
+    token_counter: Callable[[list[dict[str, Any]], list[dict[str, Any]]], int | None] | None = None
+    view: OutgoingView = field(init=False, repr=False)  # what is sent: messages, old results stubbed
+    _estimate: tuple[tuple[int, float], int] = ((-1, 0.0), 0)
     _chars: int = 0
     _tools_chars: int = 0
     _tools_fp: str = ""
@@ -41,6 +47,7 @@ class RunState:
         tools = canonical_json(self.registry.schemas())
         self._tools_chars = len(tools)
         self._tools_fp = hashlib.sha256(tools.encode()).hexdigest()[:16]
+        self.view = OutgoingView(self.compaction)
         old, self.messages = self.messages, []
         for m in old:
             self.append(m)
@@ -66,19 +73,35 @@ class RunState:
         self._chars += len(text)
         self.chain = hashlib.sha256(f"{self.chain}\n{text}".encode()).hexdigest()[:16]
         self.messages.append(message)
+        self.view.add(message, len(text))
 
     def prompt_chars(self) -> int:
-        return self._chars + self._tools_chars
+        """Characters of the outgoing prompt (after compaction) plus the tool schemas."""
+        return self.view.chars + self._tools_chars
 
     def next_prompt_estimate(self) -> int:
-        return self.estimator.estimate(self.prompt_chars())
+        """Tokens of the next (compacted) prompt: the model's own count when it offers one
+        (`count_tokens(messages, tools)`), else characters over the calibrated ratio. Memoized."""
+        key = (self.view.version, self.estimator.chars_per_token)
+        if self._estimate[0] == key:
+            return self._estimate[1]
+        counted = None
+        if self.token_counter is not None:
+            try:
+                counted = self.token_counter(self.view.messages, self.registry.schemas())
+            except Exception:  # noqa: BLE001 - counting is a courtesy; the estimate still holds
+                counted = None
+        value = counted if isinstance(counted, int) and counted > 0 else \
+            self.estimator.estimate(self.prompt_chars())
+        self._estimate = (key, value)
+        return value
 
     def request_fingerprint(self) -> str:
         return f"{self.chain}:{self._tools_fp}"
 
     def request(self) -> Request:
         self._last_prompt_chars = self.prompt_chars()
-        return Request(list(self.messages), self.registry.schemas(), dict(self.params),
+        return Request(list(self.view.messages), self.registry.schemas(), dict(self.params),
                        self.deadline(), self.ledger.model_requests + 1)
 
     def remember(self, reply: Reply, estimate: int) -> tuple[int, int]:

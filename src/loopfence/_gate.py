@@ -1,0 +1,190 @@
+"""The untrusted-content gate: once a page is in the conversation, it cannot give orders.
+
+Content is untrusted when a tool result says so (`ToolResult.untrusted`: HTML pages, tools declared
+untrusted, workspace files marked by glob, drill tools flagged untrusted). From the first such
+result on, the run is *tainted*: privileged tools (those flagged `privileged=True`, plus
+`run_command`, `write_file` and `apply_patch` by name) are refused with a structured
+`permission_denied` result unless the approval hook allows that one call. The taint never lifts:
+the model's own later replies may carry the page's instructions, so eliding the page is not enough.
+
+Every decision is a `gate` event in the run log (name, decision, reason, step): `tainted` when
+untrusted content arrives, and `allowed` / `approved` / `refused` for each privileged call.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ._guards import Guard
+from ._json import canonical_json
+from .tools._executor import ToolResult, refusal
+
+if TYPE_CHECKING:
+    from ._contract import CheckedCall
+    from ._state import RunState
+    from .tools._registry import Tool
+
+__all__ = ["UntrustedGate", "Taint", "ApprovalHook", "DEFAULT_PRIVILEGED", "APPROVE_MODES",
+           "approve_all", "deny_all", "ask_on_terminal", "approver", "describe_source"]
+
+DEFAULT_PRIVILEGED = frozenset({"run_command", "write_file", "apply_patch"})
+APPROVE_MODES = ("ask", "deny", "all")
+
+ApprovalHook = Callable[["CheckedCall", str], bool]
+"""(the call, why it is gated) -> True to run this one call despite the taint."""
+
+_SOURCE_KEYS = ("path", "url", "uri", "file", "query", "name")
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """Where untrusted content first entered the conversation."""
+
+    step: int
+    source: str  # e.g. "read_file pages/x.html"
+
+    def reason(self) -> str:
+        return f"untrusted content in context since step {self.step} ({self.source})"
+
+
+def describe_source(name: str, args: dict[str, Any]) -> str:
+    """`read_file pages/x.html`: the tool and its most telling argument."""
+    for key in _SOURCE_KEYS:
+        value = args.get(key)
+        if isinstance(value, str) and value:
+            return f"{name} {_clip(value)}"
+    return f"{name} {_clip(canonical_json(args))}" if args else name
+
+
+def _clip(text: str, n: int = 120) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+class UntrustedGate(Guard):
+    """Refuse privileged calls once untrusted content is in context, unless `approve` allows one.
+
+    privileged: None -> tools flagged `privileged=True` plus DEFAULT_PRIVILEGED by name; a
+    collection of names replaces that rule entirely (an empty one gates nothing).
+    approve: the approval hook; None denies every gated call.
+    """
+
+    def __init__(self, approve: ApprovalHook | None = None,
+                 privileged: Collection[str] | None = None) -> None:
+        self.approve = approve
+        self.names = None if privileged is None else frozenset(privileged)
+        self.taint: Taint | None = None
+        self.sources: list[Taint] = []  # every untrusted result, in order
+
+    def is_privileged(self, t: Tool) -> bool:
+        if self.names is not None:
+            return t.name in self.names
+        return t.privileged or t.name in DEFAULT_PRIVILEGED
+
+    def describe(self) -> dict[str, Any]:
+        """For the log header: what is gated and who approves."""
+        hook = self.approve
+        return {"privileged": "default" if self.names is None else sorted(self.names),
+                "approve": getattr(hook, "mode", getattr(hook, "__name__", repr(hook))) if hook else "deny"}
+
+    # -- phases ----------------------------------------------------------------------------------
+    def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> None:
+        if r.untrusted:
+            self.mark(Taint(s.ledger.model_requests, describe_source(c.tool.name, c.args)), s,
+                      c.call.id, r.decision)
+        return None
+
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> ToolResult | None:
+        if not self.is_privileged(c.tool):
+            return None
+        step = s.ledger.model_requests
+        if self.taint is None:
+            _event(s, step, c, "allowed", "no untrusted content in context")
+            return None
+        reason = self.taint.reason()
+        try:
+            ok = bool(self.approve(c, reason)) if self.approve is not None else False
+        except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
+            ok, reason = False, f"{reason}; approval hook failed: {type(exc).__name__}: {exc}"
+        if ok:
+            _event(s, step, c, "approved", reason)
+            return None
+        _event(s, step, c, "refused", reason)
+        return refusal("permission_denied", reason=reason)
+
+    # -- taint -----------------------------------------------------------------------------------
+    def mark(self, taint: Taint, s: RunState | None = None, call_id: str | None = None,
+             decision: str = "executed") -> None:
+        first = self.taint is None
+        if first:
+            self.taint = taint
+        self.sources.append(taint)
+        if s is not None and s.log is not None:
+            s.log.write("gate", step=taint.step, tool_call_id=call_id, name=taint.source.split(" ")[0],
+                        decision="tainted", reason=f"untrusted content from {taint.source}"
+                        + ("" if first else f" (tainted since step {self.taint.step})"),
+                        source=taint.source, result=decision, first=first)
+
+    def restore(self, events: Iterable[dict[str, Any]]) -> None:
+        """Rebuild the taint from a run log's events (resume): every untrusted result counts."""
+        args: dict[str, dict[str, Any]] = {}
+        for e in events:
+            if e.get("event") == "call" and isinstance(e.get("arguments"), dict):
+                args[str(e.get("tool_call_id"))] = e["arguments"]
+            elif e.get("event") == "result" and e.get("untrusted"):
+                name = str(e.get("name"))
+                self.mark(Taint(int(e.get("step") or 0),
+                                describe_source(name, args.get(str(e.get("tool_call_id")), {}))))
+
+
+def _event(s: RunState, step: int, c: CheckedCall, decision: str, reason: str) -> None:
+    if s.log is not None:
+        s.log.write("gate", step=step, tool_call_id=c.call.id, name=c.tool.name, key=c.key,
+                    decision=decision, reason=reason)
+
+
+# -- approval hooks ------------------------------------------------------------------------------
+def approve_all(call: CheckedCall, reason: str) -> bool:
+    """`--approve all`: every gated call runs (recorded in the log header)."""
+    return True
+
+
+def deny_all(call: CheckedCall, reason: str) -> bool:
+    """`--approve deny`: every gated call is refused (the default without a terminal)."""
+    return False
+
+
+approve_all.mode = "all"  # type: ignore[attr-defined]
+deny_all.mode = "deny"  # type: ignore[attr-defined]
+
+
+def ask_on_terminal(stdin: TextIO | None = None, stderr: TextIO | None = None) -> ApprovalHook:
+    """`--approve ask`: show the call and why it is gated; run it only on an explicit yes."""
+    inp = stdin or sys.stdin
+    out = stderr or sys.stderr
+
+    def ask(call: CheckedCall, reason: str) -> bool:
+        out.write(f"\nloopfence gate: {call.tool.name} {_clip(canonical_json(call.args), 400)}\n"
+                  f"  {reason}\n  run it? [y/N] ")
+        out.flush()
+        answer = inp.readline()
+        return answer.strip().lower() in ("y", "yes")
+
+    ask.mode = "ask"  # type: ignore[attr-defined]
+    return ask
+
+
+def approver(mode: str | None, *, interactive: bool | None = None) -> ApprovalHook:
+    """The CLI's hook for `--approve MODE`; None -> ask on a terminal, deny without one."""
+    if mode is None:
+        tty = sys.stdin.isatty() and sys.stderr.isatty() if interactive is None else interactive
+        mode = "ask" if tty else "deny"
+    if mode == "all":
+        return approve_all
+    if mode == "deny":
+        return deny_all
+    if mode == "ask":
+        return ask_on_terminal()
+    raise ValueError(f"--approve must be one of {', '.join(APPROVE_MODES)}, got {mode!r}")
