@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +16,7 @@ from .._limits import Limits, parse_limit
 from .._stops import RunResult
 
 __all__ = ["UsageError", "limits_from_flags", "default_log_path", "live_printer", "print_summary",
-           "stderr"]
+           "print_token_table", "stderr"]
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -68,7 +69,32 @@ def live_printer(console: Console = stderr) -> Any:
     return on_event
 
 
-def print_summary(result: RunResult, console: Console = stderr) -> None:
+def _per_step(result: RunResult) -> list[tuple[int, int]]:
+    """(prompt, completion) tokens per reply, from the log's stop event (its last line)."""
+    if not result.log_path:
+        return []
+    try:
+        lines = Path(result.log_path).read_text(encoding="utf-8").splitlines()
+        stop = json.loads(lines[-1]) if lines else {}
+        return [(int(p), int(c)) for p, c in stop.get("per_step") or []] if stop.get("event") == "stop" else []
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def print_token_table(per_step: list[tuple[int, int]], console: Console = stderr) -> None:
+    """Seed 003's table: prompt and completion tokens per turn, and the total."""
+    table = Table(title="tokens per turn")
+    for name in ("turn", "prompt tokens", "completion tokens"):
+        table.add_column(name, justify="right")
+    for i, (p, c) in enumerate(per_step, start=1):
+        table.add_row(str(i), f"{p:,}", f"{c:,}")
+    table.add_row("total", f"{sum(p for p, _ in per_step):,}", f"{sum(c for _, c in per_step):,}",
+                  style="bold")
+    console.print(table)
+
+
+def print_summary(result: RunResult, console: Console = stderr,
+                  per_step: list[tuple[int, int]] | None = None) -> None:
     led = result.ledger
     table = Table(title="loopfence run", show_header=False)
     table.add_column("field", style="bold")
@@ -82,6 +108,9 @@ def print_summary(result: RunResult, console: Console = stderr) -> None:
     for k, v in rows:
         table.add_row(k, str(v))
     console.print(table)
+    steps = _per_step(result) if per_step is None else per_step
+    if steps:
+        print_token_table(steps, console)
     if result.log_path:
         console.print(f"log: {result.log_path}", markup=False, highlight=False, overflow="ignore",
                       crop=False)
