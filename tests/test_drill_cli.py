@@ -130,7 +130,7 @@ def test_empty_or_malformed_file_is_exit_2(tmp_path: Path, capsys: Any, content:
     ({"policy": {"on_bad_call": "retry"}}, "policy", "on_bad_call"),
     ({"replies": [{"choices": []}]}, "replies[0]", "not a chat.completions response"),
     ({"replies": [{"status": 99}]}, "replies[0].status", "HTTP status"),
-    ({"replies": [{"chunks": [1]}]}, "replies[0].chunks[0]", "must be an object"),
+    ({"replies": [{"chunks": [1]}]}, "replies[0].chunks", "[0] must be a chunk object"),
     ({"replies": [{"sse": "data: x", "extra": 1}]}, "replies[0].extra", "unknown key"),
     ({"expect": {"stop": "done"}}, "expect.stop", "unknown stop reason"),
     ({"expect": {"tool_executions": -1}}, "expect.tool_executions", ">= 0"),
@@ -162,6 +162,13 @@ def test_bad_fields_are_named(tmp_path: Path, capsys: Any, change: dict, field: 
     assert f"{p}: {field}: " in line and words in line and "Traceback" not in err
 
 
+def test_unknown_fault_form_is_named(tmp_path: Path, capsys: Any) -> None:
+    pytest.importorskip("loopfence.testing._replyforms")
+    p = write(tmp_path, scenario(replies=[{"fault": "meltdown"}]))
+    rc, _, err = drill(capsys, str(p), "--out", str(tmp_path / "out"))
+    assert rc == 2 and f"{p}: replies[0]: " in err and "unknown fault" in err
+
+
 def test_bad_file_is_reported_before_anything_runs(tmp_path: Path, capsys: Any) -> None:
     write(tmp_path, scenario(), "a.json")
     write(tmp_path, "", "b.json")
@@ -189,3 +196,22 @@ def test_duplicate_scenario_names_are_exit_2(tmp_path: Path, capsys: Any) -> Non
 def test_model_needs_base_url(tmp_path: Path, capsys: Any) -> None:
     rc, _, err = drill(capsys, str(write(tmp_path, scenario())), "--model", "m")
     assert rc == 2 and "--model needs --base-url" in err
+
+
+def test_base_url_lets_an_endpoint_answer(tmp_path: Path, capsys: Any) -> None:
+    fake = pytest.importorskip("loopfence.testing._fakeserver")
+    # the scenario's own replies would ship; the endpoint reads b.py and then answers
+    p = write(tmp_path, scenario(workspace={"a.py": "A = 1\n", "b.py": "B = 2\n"},
+                                 expect={"stop": "final_answer", "calls": [{"name": "read_file", "arguments": {"path": "b.py"}}]}))
+    with fake.FakeServer([calls_reply(tool_call("read_file", path="b.py")), text_reply("B is 2.")]) as srv:
+        rc, rows, err = drill(capsys, str(p), "--json", "--out", str(tmp_path / "out"),
+                              "--base-url", srv.base_url, "--model", "fake")
+        assert srv.served == 2 and srv.requests[0]["model"] == "fake"
+    assert rc == 0, err
+    assert rows[0]["calls"][0]["arguments"]["path"] == "b.py"
+
+
+def test_base_url_must_be_a_url(tmp_path: Path, capsys: Any) -> None:
+    pytest.importorskip("loopfence.models._openai")
+    rc, _, err = drill(capsys, str(write(tmp_path, scenario())), "--base-url", "ftp://nowhere")
+    assert rc == 2 and "--base-url" in err

@@ -2,40 +2,54 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from loopfence.cli import cli
+from loopfence.drill import load_scenario
 
 DRILLS = Path(__file__).resolve().parent.parent / "drills"
+HTTP_READY = all(importlib.util.find_spec(m) for m in ("loopfence.testing._fakeserver", "loopfence.models._openai"))
+FILES = sorted(DRILLS.glob("*.json"))
+HTTP_FILES = [f for f in FILES if load_scenario(f).needs_http]
 REQUIRED = {"name", "stop", "verdict", "detail", "model_requests", "tool_calls", "tool_executions",
             "reused", "prompt_tokens", "completion_tokens", "elapsed_s", "calls", "pass", "mismatches"}
 
 
+class Drill:
+    def __init__(self, rc: int, rows: list[dict], err: str) -> None:
+        self.rc, self.rows, self.err = rc, rows, err
+
+
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def drill(tmp_path_factory: pytest.TempPathFactory) -> Drill:
     import contextlib
     import io
 
     out = tmp_path_factory.mktemp("drill")
     buf, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
-        rc = cli(["drill", str(DRILLS), "--json", "--out", str(out)])
-    lines = [json.loads(line) for line in buf.getvalue().splitlines() if line.strip()]
-    assert rc == 0, "\n".join(f"{r['name']}: {r.get('mismatches')}" for r in lines if not r.get("pass")) \
-        + err.getvalue()[-3000:]
+        # without the HTTP endpoint (issue 5) its drills cannot run: they are skipped below, visibly
+        targets = [str(DRILLS)] if HTTP_READY else [str(f) for f in FILES if f not in HTTP_FILES]
+        rc = cli(["drill", *targets, "--json", "--out", str(out)])
     assert (out / "results.json").is_file()
-    return lines
+    return Drill(rc, [json.loads(line) for line in buf.getvalue().splitlines() if line.strip()], err.getvalue())
 
 
-def test_every_shipped_scenario_passes(rows: list[dict]) -> None:
-    files = sorted(DRILLS.glob("*.json"))
-    assert len(rows) == len(files) >= 25
-    for r in rows:
+@pytest.fixture(scope="module")
+def rows(drill: Drill) -> list[dict]:
+    return drill.rows
+
+
+def test_every_shipped_scenario_passes(drill: Drill) -> None:
+    failed = {r["name"]: r.get("mismatches") for r in drill.rows if not r.get("pass")}
+    assert drill.rc == 0 and not failed, f"{failed}\n{drill.err[-3000:]}"
+    assert len(drill.rows) == len(FILES) - (0 if HTTP_READY else len(HTTP_FILES)) >= 25
+    for r in drill.rows:
         assert REQUIRED <= set(r), r["name"]
-        assert r["pass"] is True and r["mismatches"] == [], r
         assert Path(r["log"]).is_file()
 
 
@@ -68,3 +82,21 @@ def test_calls_carry_decisions(rows: list[dict]) -> None:
     assert all(c["arguments"] == {"path": "app/config.py", "encoding": "utf-8", "page": 1} for c in seed001)
     unknown = by_name["000-unknown-tool"]["calls"]
     assert [(c["name"], c["decision"], c["ok"]) for c in unknown] == [("readFile", "rejected", False)]
+
+
+@pytest.mark.skipif(not HTTP_READY, reason="the HTTP endpoint and fake server (issue 5) are not installed")
+def test_http_drills_ran_over_real_http(rows: list[dict]) -> None:
+    names = {f.stem for f in HTTP_FILES}
+    assert "http-truncated-stream" in names and len(names) >= 4
+    http_rows = [r for r in rows if r["name"] in names]
+    assert len(http_rows) == len(names)
+    assert {r["stop"] for r in http_rows} >= {"incomplete_stream", "endpoint_error", "final_answer"}
+    for r in http_rows:
+        header = json.loads(Path(r["log"]).read_text().splitlines()[0])
+        assert header["model"]["kind"] == "openai", r["name"]
+
+
+def test_every_call_has_exactly_one_result(rows: list[dict]) -> None:
+    for r in rows:
+        assert all(c["ok"] is not None for c in r["calls"]), r["name"]
+        assert len(r["calls"]) == r["tool_calls"], r["name"]

@@ -31,7 +31,8 @@ def add_parser(sub: Any) -> None:
                    help="print one JSON object per scenario on stdout (the table goes to stderr)")
     p.add_argument("--base-url", metavar="URL", help="let a real OpenAI-compatible endpoint answer "
                    "instead of the scenario's replies (tools and workspace stay)")
-    p.add_argument("--model", metavar="NAME", help="model name sent to --base-url")
+    p.add_argument("--model", metavar="NAME", help="model name sent to --base-url "
+                   "(default: LOOPFENCE_MODEL; the API key comes from LOOPFENCE_API_KEY or OPENAI_API_KEY)")
 
 
 def _models(args: argparse.Namespace) -> ModelFactory:
@@ -39,11 +40,12 @@ def _models(args: argparse.Namespace) -> ModelFactory:
         raise UsageError("--model needs --base-url")
     if not args.base_url:
         return scripted_models
-    if not args.model:
-        raise UsageError("--base-url needs --model NAME")
     try:
-        http_pieces(server=False)
+        _, model_cls = http_pieces(server=False)
+        model_cls(args.base_url, args.model).close()  # a bad URL is a usage error, not N failed rows
     except DrillSetupError as exc:
+        raise UsageError(f"--base-url: {exc}") from None
+    except ValueError as exc:
         raise UsageError(f"--base-url: {exc}") from None
     return Endpoint(args.base_url, args.model)
 

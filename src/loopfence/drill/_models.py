@@ -46,7 +46,8 @@ def scripted_models(scenario: Scenario) -> Iterator[Model]:
         return
     server_cls, model_cls = http_pieces()
     with server_cls(list(scenario.replies)) as srv:
-        yield model_cls(srv.base_url, "scripted", stream=scenario.stream)
+        with _closing(model_cls(srv.base_url, "scripted", stream=scenario.stream)) as model:
+            yield model
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +55,21 @@ class Endpoint:
     """A real OpenAI-compatible endpoint answers instead of the scenario's replies."""
 
     base_url: str
-    model: str
+    model: str | None = None  # None: LOOPFENCE_MODEL, or the server's default
 
     @contextmanager
     def __call__(self, scenario: Scenario) -> Iterator[Model]:
         _, model_cls = http_pieces(server=False)
-        yield model_cls(self.base_url, self.model, stream=scenario.stream)
+        make = getattr(model_cls, "from_env", model_cls)  # from_env also reads the API key variables
+        with _closing(make(self.base_url, self.model, stream=scenario.stream)) as model:
+            yield model
+
+
+@contextmanager
+def _closing(model: Any) -> Iterator[Any]:
+    try:
+        yield model
+    finally:
+        close = getattr(model, "close", None)
+        if callable(close):
+            close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from .._messages import Reply, ReplyFormatError
@@ -26,11 +27,15 @@ def parse_replies(f: Fields) -> tuple[dict[str, Any], ...]:
                 Reply.from_response(item)
             except ReplyFormatError as exc:
                 r.fail(None, f"not a chat.completions response ({exc}); other forms: "
-                       "{\"chunks\": [...], \"done\": bool}, {\"sse\": \"...\"}, {\"status\": N, ...}")
+                       "{\"chunks\": [...], \"done\": bool}, {\"sse\": \"...\"}, {\"status\": N, ...}, "
+                       "{\"fault\": NAME, ...}")
+        elif form == "fault":
+            _fault(r)
         elif form == "chunks":
             r.only(("chunks", "done"))
             for j, chunk in enumerate(r.array("chunks", required=True) or []):
-                Fields.of(f.file, f"replies[{i}].chunks[{j}]", chunk)
+                if not isinstance(chunk, (dict, str)):
+                    r.fail("chunks", f"[{j}] must be a chunk object or a raw string, got {json_type(chunk)}")
             r.boolean("done", True)
         elif form == "sse":
             r.only(("sse",))
@@ -43,6 +48,19 @@ def parse_replies(f: Fields) -> tuple[dict[str, Any], ...]:
             r.string_map("headers")
         out.append(item)
     return tuple(out)
+
+
+def _fault(r: Fields) -> None:
+    """A fault form of the fake server (issue 5); checked by the server's own validator when installed."""
+    r.string("fault", required=True)
+    try:
+        validate = importlib.import_module("loopfence.testing._replyforms").validate_form
+    except (ImportError, AttributeError):
+        return  # without the server the scenario fails at run time: "needs the HTTP endpoint"
+    try:
+        validate(r.data)
+    except ValueError as exc:
+        r.fail(None, str(exc))
 
 
 def parse_canned(f: Fields, name: str) -> CannedTool:

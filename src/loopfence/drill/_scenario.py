@@ -16,7 +16,7 @@ from ..tools._registry import ToolKind
 __all__ = ["Scenario", "CannedTool", "Expect", "ExpectedCall", "ScenarioError", "reply_form",
            "HTTP_FORMS"]
 
-HTTP_FORMS = ("chunks", "sse", "status")  # reply forms that only the HTTP path can serve
+HTTP_FORMS = ("fault", "chunks", "sse", "status")  # reply forms only the HTTP path can serve
 
 
 class ScenarioError(ValueError):
