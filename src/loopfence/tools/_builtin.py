@@ -1,50 +1,89 @@
-"""Built-in workspace tools. Names and signatures are public: scenario files and users rely on them."""
+"""Built-in workspace tools. Names and signatures are public: scenario files and users rely on them.
+
+| tool | kind | |
+|---|---|---|
+| read_file(path, page=1, encoding="utf-8") | read_only | one honest page; HTML as text (untrusted) |
+| list_dir(path=".") | read_only | sorted entries, folders end with / |
+| write_file(path, content) | side_effect, privileged | creates parents; reports bytes written |
+| apply_patch(patch) | side_effect, privileged | unified diff, all hunks or none |
+| run_command(command, timeout_s=30) | side_effect, privileged | sandboxed shell, killed at its timeout |
+
+Every path goes through the Jail (_pathguard.py) before any disk access. `privileged=True` marks the
+tools a taint gate may refuse while untrusted content is in the conversation.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ._executor import DEFAULT_RESULT_CAP
+from ._files import FileOptions, FileTools
+from ._pathguard import Jail
 from ._registry import Tool, tool
+from ._shell import CommandLimits, Shell
 
-__all__ = ["workspace_tools", "PAGE_CHARS"]
+__all__ = ["workspace_tools", "PAGE_CHARS", "BUILTIN_NAMES", "CommandLimits"]
 
 PAGE_CHARS = 4_000
+BUILTIN_NAMES = ("read_file", "list_dir", "write_file", "apply_patch", "run_command")
 
 
-def workspace_tools(root: str | Path, names: list[str] | None = None) -> list[Tool]:
-    """The built-in file tools bound to one workspace folder."""
-    base = Path(root).resolve()
+def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, sandbox: bool = True,
+                    untrusted_globs: Iterable[str] | None = None, page_chars: int = PAGE_CHARS,
+                    result_cap: int | None = DEFAULT_RESULT_CAP, command_limits: CommandLimits | None = None,
+                    max_command_timeout_s: float = 600.0) -> list[Tool]:
+    """The built-in tools bound to one workspace folder (all of them, or those in `names`).
 
-    def _resolve(path: str) -> Path | dict[str, Any]:
-        target = (base / path).resolve()
-        if not path or (target != base and base not in target.parents):
-            return {"ok": False, "error": "path_outside_workspace", "path": path}
-        if not target.exists():
-            return {"ok": False, "error": "missing_file", "path": path, "cwd": str(base),
-                    "hint": "do_not_retry_same_path"}
-        return target
+    sandbox: run_command inside bubblewrap (default); False is the explicit, logged opt-out.
+    untrusted_globs: workspace-relative posix globs (fnmatch; `**/` may match no folder) whose files
+      read_file returns as untrusted content; HTML pages are always untrusted.
+    page_chars: read_file page size. result_cap: the executor's result cap; run_command gives each of
+      stdout and stderr 3/8 of it so the whole result fits.
+    """
+    wanted = list(BUILTIN_NAMES if names is None else names)
+    unknown = sorted(set(wanted) - set(BUILTIN_NAMES))
+    if unknown:
+        raise ValueError(f"unknown built-in tool(s) {unknown}; the built-ins are {list(BUILTIN_NAMES)}")
+    jail = Jail(root)
+    files = FileTools(jail, FileOptions(page_chars=page_chars, untrusted_globs=tuple(untrusted_globs or ())))
+    stream_chars = max((result_cap or 16_000) * 3 // 8, 200)
+    shell = Shell(jail.root, sandbox=sandbox, limits=command_limits, output_chars=stream_chars,
+                  max_timeout_s=max_command_timeout_s)
 
     def read_file(path: str, page: int = 1, encoding: str = "utf-8") -> Any:
-        """Read one page of a text file in the workspace."""
-        target = _resolve(path)
-        if isinstance(target, dict):
-            return target
-        text = target.read_text(encoding=encoding)
-        pages = max(1, -(-len(text) // PAGE_CHARS))
-        if page < 1 or page > pages:
-            return {"ok": False, "error": "page_out_of_range", "path": path, "pages": pages}
-        chunk = text[(page - 1) * PAGE_CHARS: page * PAGE_CHARS]
-        marker = f"[page {page} of {pages}: end of file]" if page == pages else \
-            f"[page {page} of {pages}: call read_file with page={page + 1} for more]"
-        return f"{chunk}\n{marker}"
+        """Read one page of a text file in the workspace. The page ends with a line saying which page
+        of how many it is, and whether to ask for the next page or the file has ended. HTML pages come
+        back as readable text (title, text, links)."""
+        return files.read_file(path, page, encoding)
 
     def list_dir(path: str = ".") -> Any:
-        """List a folder in the workspace (folders end with /)."""
-        target = _resolve(path)
-        if isinstance(target, dict):
-            return target
-        return "\n".join(sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir()))
+        """List a folder in the workspace: sorted names, folders end with /."""
+        return files.list_dir(path)
 
-    made = [tool(read_file, kind="read_only"), tool(list_dir, kind="read_only")]
-    return [t for t in made if names is None or t.name in names]
+    def write_file(path: str, content: str) -> Any:
+        """Write a text file in the workspace (replacing it if it exists; missing folders are created).
+        Reports the bytes written."""
+        return files.write_file(path, content)
+
+    def apply_patch(patch: str) -> Any:
+        """Apply a unified diff ('--- a/path', '+++ b/path', '@@ -l,n +l,n @@' hunks) to files in the
+        workspace. All hunks apply or none do; a hunk that does not match is reported with where."""
+        return files.apply_patch(patch)
+
+    def run_command(command: str, timeout_s: float = 30) -> Any:
+        return shell.run(command, timeout_s)
+
+    where = ("in a sandbox with no network, where only the workspace is writable"
+             if sandbox else "WITHOUT a sandbox (explicit opt-out)")
+    run_doc = (f"Run a shell command (/bin/sh -c) in the workspace folder, {where}. Returns exit_code, "
+               "stdout and stderr. At timeout_s seconds the command and everything it started are killed.")
+    made = {
+        "read_file": lambda: tool(read_file, kind="read_only"),
+        "list_dir": lambda: tool(list_dir, kind="read_only"),
+        "write_file": lambda: tool(write_file, kind="side_effect", privileged=True),
+        "apply_patch": lambda: tool(apply_patch, kind="side_effect", privileged=True),
+        "run_command": lambda: tool(run_command, kind="side_effect", privileged=True, description=run_doc),
+    }
+    return [made[name]() for name in BUILTIN_NAMES if name in wanted]

@@ -1,17 +1,32 @@
-"""Run a Python tool in a child process so that its timeout stops the work, not only the waiting."""
+"""Run a Python tool in a child process so that its timeout stops the work, not only the waiting.
+
+The child is forked (so closures work; arguments and the result must be picklable), starts its own
+session and process group, and carries a marker in its environment. When the call ends, whether it
+returned, raised or timed out, the whole group and every marked process are killed (SIGTERM, then
+SIGKILL): nothing the tool started outlives the call. The child also dies if this process dies.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import signal
+import uuid
 from typing import Any
 
-__all__ = ["run_in_process"]
+from ._reap import MARKER_ENV, kill_tree
+
+__all__ = ["run_in_process", "KILL_GRACE_S"]
+
+KILL_GRACE_S = 0.5
+_PR_SET_PDEATHSIG = 1
 
 
-def _child(conn: Any, fn: Any, args: dict[str, Any]) -> None:
-    os.setsid()  # own process group: the whole group is killed at the timeout
+def _child(conn: Any, fn: Any, args: dict[str, Any], marker: str, parent_pid: int) -> None:
+    os.setsid()  # own session and process group: the whole group is killed when the call ends
+    os.environ[MARKER_ENV] = marker  # inherited by what the tool starts, even after a setsid
+    _die_with_parent(parent_pid)
     try:
         conn.send(("ok", fn(**args)))
     except BaseException as exc:  # noqa: BLE001
@@ -23,32 +38,38 @@ def _child(conn: Any, fn: Any, args: dict[str, Any]) -> None:
         conn.close()
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the timeout still kills the group
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl
+        os._exit(1)
+
+
 def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, fn, args), daemon=True)
+    marker = uuid.uuid4().hex
+    proc = ctx.Process(target=_child, args=(child, fn, args, marker, os.getpid()), daemon=True)
     proc.start()
     child.close()
+    status: tuple[str, Any] | None = None
     try:
         if parent.poll(timeout_s):
             try:
-                return parent.recv()
+                status = parent.recv()
             except EOFError:
-                return "error", RuntimeError(f"tool process died (exit code {proc.exitcode})")
-        return "timeout", None
+                status = None  # the child died without an answer
+        else:
+            status = ("timeout", None)
     finally:
-        _kill_group(proc)
+        # before any join: an unreaped child keeps its pid, so the group id cannot be reused
+        if proc.pid:
+            kill_tree(proc.pid, marker, KILL_GRACE_S)
+        proc.join(1.0)
         parent.close()
-
-
-def _kill_group(proc: Any) -> None:
-    if proc.is_alive() and proc.pid:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.join(0.5)
-            if not proc.is_alive():
-                break
-    proc.join(0.1)
+    if status is None:
+        return "error", RuntimeError(f"tool process died (exit code {proc.exitcode})")
+    return status

@@ -1,0 +1,289 @@
+"""The workspace jail: every file tool asks `Jail.locate` before touching the disk.
+
+`locate` walks the path one component at a time inside the root, reading symlinks itself, and
+never looks at anything outside the root. It refuses, with a structured value (never an
+exception): empty paths, NUL bytes, backslashes, `..` that leaves the root, absolute paths
+outside it, symlinks that lead outside it, and device/special files (FIFO, socket, /dev/*).
+
+The I/O helpers then open the *canonical* path (no symlinks left in it) component by component
+from a descriptor on the root with O_NOFOLLOW, so a symlink swapped in between the check and the
+open is refused by the kernel instead of followed: the check and the use cannot disagree.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import stat
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Jail", "Located", "Refusal", "Entry", "NotRegularFile", "MAX_SYMLINK_HOPS"]
+
+MAX_SYMLINK_HOPS = 40
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_SIMILAR_SCAN = 5_000  # at most this many workspace paths are compared for "similar"
+
+
+class NotRegularFile(OSError):
+    """The path changed kind (to a folder, FIFO, device...) between the check and the open."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A path the guard will not let a tool use; `to_dict()` is the model-visible result."""
+
+    error: str  # invalid_path | path_outside_workspace | special_file | missing_file | symlink_loop
+    path: str
+    reason: str
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"ok": False, "error": self.error, "path": self.path, "message": self.reason}
+        body.update(self.extra)
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A path inside the root. `parts` are canonical: no symlink, `.` or `..` left in them."""
+
+    parts: tuple[str, ...]
+    kind: str  # file | dir | missing
+
+    @property
+    def rel(self) -> str:
+        return "/".join(self.parts) or "."
+
+    @property
+    def name(self) -> str:
+        return self.parts[-1] if self.parts else "."
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    name: str
+    kind: str  # file | dir | symlink | special
+
+
+class Jail:
+    """One workspace root. All paths the model gives are interpreted relative to it."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        given = os.path.abspath(os.fspath(root))
+        real = os.path.realpath(given)
+        if not os.path.isdir(real):
+            raise ValueError(f"workspace root {given!r} is not a folder")
+        self.root = Path(real)
+        self._prefixes = tuple(dict.fromkeys([real, given]))  # absolute spellings of the root
+
+    # ---------------------------------------------------------------- the check
+    def locate(self, path: Any) -> Located | Refusal:
+        """Where `path` lands inside the root, or why it may not be used. Touches only the root."""
+        if not isinstance(path, str):
+            return Refusal("invalid_path", str(path), "the path must be a string")
+        if not path.strip():
+            return Refusal("invalid_path", path, "the path is empty; use \".\" for the workspace folder")
+        if "\x00" in path:
+            return Refusal("invalid_path", path, "the path contains a NUL byte")
+        if "\\" in path:
+            return Refusal("invalid_path", path, "backslashes are not path separators here; use \"/\"")
+        if path.startswith("/"):
+            rest = self._strip_root(path)
+            if rest is None:
+                return _outside(path, "an absolute path outside the workspace")
+            return self._walk(path, rest)
+        return self._walk(path, path.split("/"))
+
+    def _strip_root(self, path: str) -> list[str] | None:
+        for prefix in self._prefixes:
+            if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+                return path[len(prefix):].split("/")
+        return None
+
+    def _walk(self, path: str, parts: list[str]) -> Located | Refusal:
+        todo: deque[str] = deque(parts)
+        done: list[str] = []
+        hops = 0
+        via: str | None = None  # the last symlink followed, for the refusal message
+        missing_at: int | None = None  # index in `done` of the first component that does not exist
+        while todo:
+            comp = todo.popleft()
+            if comp in ("", "."):
+                continue
+            if comp == "..":
+                if not done:
+                    return _outside(path, f"{via} is a symlink that leads outside the workspace"
+                                    if via else "\"..\" leaves the workspace")
+                done.pop()
+                if missing_at is not None and len(done) <= missing_at:
+                    missing_at = None
+                continue
+            if missing_at is not None:
+                done.append(comp)
+                continue
+            try:
+                st = os.lstat(self.root.joinpath(*done, comp))
+            except FileNotFoundError:
+                missing_at = len(done)
+                done.append(comp)
+                continue
+            except NotADirectoryError:
+                return Refusal("invalid_path", path, f"{'/'.join(done)} is a file, not a folder")
+            except OSError as exc:
+                return Refusal("invalid_path", path, f"cannot inspect the path: {exc.strerror}")
+            if stat.S_ISLNK(st.st_mode):
+                hops += 1
+                if hops > MAX_SYMLINK_HOPS:
+                    return Refusal("symlink_loop", path, f"more than {MAX_SYMLINK_HOPS} symlinks")
+                target = os.readlink(self.root.joinpath(*done, comp))
+                via = "/".join([*done, comp])
+                if target.startswith("/"):
+                    rest = self._strip_root(target)
+                    if rest is None:
+                        return _outside(path, f"{'/'.join([*done, comp])} is a symlink to {target}, "
+                                              "outside the workspace")
+                    done = []
+                    todo.extendleft(reversed(rest))
+                else:
+                    todo.extendleft(reversed(target.split("/")))
+                continue
+            if todo and not stat.S_ISDIR(st.st_mode):
+                if any(c not in ("", ".") for c in todo):
+                    return Refusal("invalid_path", path, f"{'/'.join([*done, comp])} is a file, not a folder")
+            done.append(comp)
+        if missing_at is not None:
+            return Located(tuple(done), "missing")
+        mode = os.lstat(self.root.joinpath(*done)).st_mode
+        if stat.S_ISDIR(mode):
+            return Located(tuple(done), "dir")
+        if stat.S_ISREG(mode):
+            return Located(tuple(done), "file")
+        return Refusal("special_file", path, f"{'/'.join(done)} is a {_kind_name(mode)}, not a regular "
+                                              "file or folder", (("hint", "only regular files can be used"),))
+
+    # ---------------------------------------------------------------- results
+    def missing(self, path: str, loc: Located, want: str = "file") -> dict[str, Any]:
+        """The missing-file result: where we looked and up to 3 existing paths with close names."""
+        return {"ok": False, "error": "missing_file", "path": path, "cwd": str(self.root),
+                "hint": "do_not_retry_same_path", "similar": self.similar(loc.rel, want),
+                "message": f"no {'folder' if want == 'dir' else 'file'} at {loc.rel} in the workspace"}
+
+    def similar(self, rel: str, want: str = "file", n: int = 3) -> list[str]:
+        candidates = [p for p, kind in self._inventory() if want == "any" or kind == want]
+        base = rel.rsplit("/", 1)[-1]
+        scored = []
+        for cand in candidates:
+            whole = difflib.SequenceMatcher(None, rel, cand).ratio()
+            name = difflib.SequenceMatcher(None, base, cand.rsplit("/", 1)[-1]).ratio()
+            score = max(whole, 0.9 * name)
+            if score >= 0.6:
+                scored.append((-score, cand))
+        return [cand for _, cand in sorted(scored)[:n]]
+
+    def _inventory(self) -> Iterator[tuple[str, str]]:
+        seen = 0
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
+            dirnames.sort()
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for names, kind in ((dirnames, "dir"), (sorted(filenames), "file")):
+                for name in names:
+                    seen += 1
+                    if seen > _SIMILAR_SCAN:
+                        return
+                    yield (name if rel_dir == "." else f"{rel_dir}/{name}"), kind
+
+    # ---------------------------------------------------------------- race-free I/O
+    @contextmanager
+    def _dir_fd(self, parts: tuple[str, ...], create: bool = False) -> Iterator[int]:
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            for comp in parts:
+                try:
+                    nxt = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    os.mkdir(comp, 0o755, dir_fd=fd)
+                    nxt = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            yield fd
+        finally:
+            os.close(fd)
+
+    def read_bytes(self, loc: Located, limit: int) -> bytes:
+        """The file's bytes; OSError if it changed kind since `locate`; ValueError past `limit`."""
+        with self._dir_fd(loc.parts[:-1]) as dfd:
+            fd = os.open(loc.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise NotRegularFile(f"{loc.rel} is not a regular file")
+                if st.st_size > limit:
+                    raise ValueError(f"{loc.rel} is {st.st_size:,} bytes, over the {limit:,}-byte limit")
+                return fh.read(limit + 1)
+
+    def write_bytes(self, loc: Located, data: bytes) -> bool:
+        """Write atomically (temp file + rename), creating parent folders. True if the file is new."""
+        with self._dir_fd(loc.parts[:-1], create=True) as dfd:
+            created, mode = True, 0o644
+            try:
+                st = os.stat(loc.name, dir_fd=dfd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    raise NotRegularFile(f"{loc.rel} exists and is not a regular file")
+                created, mode = False, stat.S_IMODE(st.st_mode)
+            except FileNotFoundError:
+                pass
+            tmp = f".{loc.name}.{uuid.uuid4().hex[:12]}.loopfence-tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                         dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, loc.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                raise
+            return created
+
+    def delete(self, loc: Located) -> None:
+        with self._dir_fd(loc.parts[:-1]) as dfd:
+            st = os.stat(loc.name, dir_fd=dfd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotRegularFile(f"{loc.rel} is not a regular file")
+            os.unlink(loc.name, dir_fd=dfd)
+
+    def entries(self, loc: Located) -> list[Entry]:
+        with self._dir_fd(loc.parts) as dfd:
+            out = []
+            with os.scandir(dfd) as it:
+                for e in it:
+                    mode = e.stat(follow_symlinks=False).st_mode
+                    kind = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else \
+                        "symlink" if stat.S_ISLNK(mode) else "special"
+                    out.append(Entry(e.name, kind))
+        return sorted(out, key=lambda e: e.name)
+
+
+def _outside(path: str, why: str) -> Refusal:
+    return Refusal("path_outside_workspace", path, f"refused: {why}",
+                   (("hint", "use a path relative to the workspace folder"),))
+
+
+def _kind_name(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device file"
+    return "special file"

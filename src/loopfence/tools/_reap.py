@@ -1,0 +1,72 @@
+"""Finding and killing everything a tool started: its process group, and any process that carries
+the call's marker in its environment (which catches `setsid` double-forks that left the group)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+__all__ = ["MARKER_ENV", "exited", "members", "kill_tree"]
+
+MARKER_ENV = "LOOPFENCE_COMMAND_ID"
+
+
+def exited(pid: int) -> bool:
+    """Has child `pid` exited? Leaves it unreaped: a zombie keeps its pid and group id from reuse."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def members(pgid: int, marker: str | None) -> list[int]:
+    """Live processes in group `pgid` or carrying the marker (zombies excluded; never this process)."""
+    me, found = os.getpid(), []
+    needle = f"{MARKER_ENV}={marker}".encode() if marker else None
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            if fields[0] in (b"Z", b"X"):
+                continue
+            if int(fields[2]) == pgid:
+                found.append(int(name))
+                continue
+            if needle is not None:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if needle in fh.read():
+                        found.append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def kill_tree(pgid: int, marker: str | None, grace: float) -> int:
+    """SIGTERM, then (after `grace` seconds) SIGKILL, to the group and the marked processes.
+    Returns how many processes other than the group leader were still alive."""
+    alive = members(pgid, marker)
+    others = len([p for p in alive if p != pgid])
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 1.0)):
+        if not alive:
+            break
+        _signal(pgid, alive, sig)
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+            alive = members(pgid, marker)
+    return others
+
+
+def _signal(pgid: int, pids: list[int], sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
