@@ -20,8 +20,8 @@ REQUIRED = {"name", "stop", "verdict", "detail", "model_requests", "tool_calls",
 
 
 class Drill:
-    def __init__(self, rc: int, rows: list[dict], err: str) -> None:
-        self.rc, self.rows, self.err = rc, rows, err
+    def __init__(self, rc: int, rows: list[dict], err: str, leftover: set[int]) -> None:
+        self.rc, self.rows, self.err, self.leftover = rc, rows, err, leftover
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +30,17 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Drill:
     import io
 
     out = tmp_path_factory.mktemp("drill")
+    from test_drill_stubs import children
+
+    before = children()
     buf, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         # without the HTTP endpoint (issue 5) its drills cannot run: they are skipped below, visibly
         targets = [str(DRILLS)] if HTTP_READY else [str(f) for f in FILES if f not in HTTP_FILES]
         rc = cli(["drill", *targets, "--json", "--out", str(out)])
     assert (out / "results.json").is_file()
-    return Drill(rc, [json.loads(line) for line in buf.getvalue().splitlines() if line.strip()], err.getvalue())
+    rows = [json.loads(line) for line in buf.getvalue().splitlines() if line.strip()]
+    return Drill(rc, rows, err.getvalue(), children() - before)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +55,11 @@ def test_every_shipped_scenario_passes(drill: Drill) -> None:
     for r in drill.rows:
         assert REQUIRED <= set(r), r["name"]
         assert Path(r["log"]).is_file()
+
+
+def test_no_tool_process_outlives_the_drill(drill: Drill) -> None:
+    assert any(r["name"].startswith("004-sleep") for r in drill.rows)
+    assert drill.leftover == set(), "a stub tool process (sleep) is still running after the drill"
 
 
 def test_every_shipped_scenario_states_a_stop(rows: list[dict]) -> None:
