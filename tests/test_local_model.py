@@ -6,6 +6,7 @@ the run ends with a named stop and a complete log, and the CLI prints no traceba
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,10 @@ from _local_support import SAMPLE_SYSTEM, SAMPLE_TASK, SAMPLE_WORKSPACE, needs_l
 
 from loopfence import Limits, Registry, Request, ScriptedModel, StopReason, run, workspace_tools
 from loopfence._stops import StopError
+
+
+# no LOOPFENCE_BASE_URL: with it set, `loopfence run` would talk HTTP instead of the embedded model
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("LOOPFENCE_")}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +63,7 @@ def test_missing_extra_is_a_one_line_usage_error(workspace):
             "from loopfence.cli import cli\n"
             f"sys.exit(cli(['run', 'hello', '--workspace', {str(workspace)!r}]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=workspace)
+                         cwd=workspace, env=ENV)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
@@ -86,7 +91,7 @@ class TestEmbedded:
         out = subprocess.run(
             [sys.executable, "-m", "loopfence", "run", SAMPLE_TASK, "--workspace", str(workspace),
              "--system", SAMPLE_SYSTEM, "--log", str(log), "--limit", "max_steps=4"],
-            capture_output=True, text=True, timeout=240, cwd=workspace)
+            capture_output=True, text=True, timeout=240, cwd=workspace, env=ENV)
         assert out.returncode in (0, 1), out.stderr
         assert "Traceback" not in out.stderr + out.stdout
         events = read_valid_log(log)
@@ -103,7 +108,7 @@ class TestEmbedded:
         out = subprocess.run(
             [sys.executable, "-m", "loopfence", "run", SAMPLE_TASK, "--workspace", str(workspace),
              "--log", str(log), "--limit", "max_steps=3"],
-            capture_output=True, text=True, timeout=240, cwd=workspace)
+            capture_output=True, text=True, timeout=240, cwd=workspace, env=ENV)
         assert out.returncode in (0, 1), out.stderr
         assert "Traceback" not in out.stderr
         read_valid_log(log)
