@@ -36,8 +36,11 @@ sandbox:
 # Exit 0 (SHIP) and 1 (KILL: the fence stopped the tiny model) are both a named end; 2+ fails.
 RUN_SYSTEM := You work in a folder of files. Use the tools to read what the task names. \
   When you have read it, reply with a short note in Markdown.
+# The tools may write: the run works on a fresh copy (runs/workspace), the shipped sample stays clean.
 run: $(LOCAL) sandbox
-	@$(VENV)/bin/loopfence run "Make a note from pages/tl-intro.html" --workspace examples/workspace \
+	@rm -rf runs/workspace && mkdir -p runs && cp -R examples/workspace runs/workspace
+	@echo "workspace: runs/workspace (a fresh copy of examples/workspace)"
+	@$(VENV)/bin/loopfence run "Make a note from pages/tl-intro.html" --workspace runs/workspace \
 	  --system "$(RUN_SYSTEM)"; rc=$$?; [ $$rc -le 1 ]
 
 test: $(LOCAL) sandbox
