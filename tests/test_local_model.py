@@ -113,18 +113,20 @@ class TestEmbedded:
         assert "Traceback" not in out.stderr
         read_valid_log(log)
 
-    def test_library_run_is_deterministic(self, local_model, workspace):
-        def once(i: int):
-            return run(SAMPLE_TASK, model=local_model, tools=workspace_tools(workspace), system=SAMPLE_SYSTEM,
-                       limits=Limits(max_steps=3), log=workspace / f"r{i}.jsonl")
+    def test_library_run_is_deterministic(self, local_model, tmp_path):
+        def once(i: int):  # the tools may write: each run gets a fresh copy at the same path
+            shutil.rmtree(tmp_path / "ws", ignore_errors=True)
+            shutil.copytree(SAMPLE_WORKSPACE, tmp_path / "ws")
+            return run(SAMPLE_TASK, model=local_model, tools=workspace_tools(tmp_path / "ws"),
+                       system=SAMPLE_SYSTEM, limits=Limits(max_steps=3), log=tmp_path / f"r{i}.jsonl")
 
         a, b = once(1), once(2)
         assert a.stop.reason == b.stop.reason
         calls = [[(c["function"]["name"], c["function"]["arguments"]) for m in r.messages
                   for c in m.get("tool_calls") or []] for r in (a, b)]
-        assert calls[0] == calls[1]
+        assert calls[0] and calls[0] == calls[1]
         for i in (1, 2):
-            read_valid_log(workspace / f"r{i}.jsonl")
+            read_valid_log(tmp_path / f"r{i}.jsonl")
 
     def test_reply_is_a_chat_completion(self, local_model):
         reply = local_model.complete(_request(SAMPLE_TASK))
