@@ -13,6 +13,7 @@ from ..models import Model, ScriptedModel, ScriptError, load_script
 from ..runlog import RunLog
 from ..tools import workspace_tools
 from ._common import UsageError, default_log_path, limits_from_flags, live_printer, print_summary, stderr
+from .reconcile import reconcile_own_log
 
 HELP = "run one task through the fenced loop"
 
@@ -66,4 +67,5 @@ def main(args: argparse.Namespace) -> int:
                  policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,
                  header={"workspace": str(workspace.resolve())})
     print_summary(result)
-    return 0 if result.verdict is Verdict.SHIP else 1
+    reconciled = reconcile_own_log(result.log_path)  # the log must add up; say so
+    return 0 if result.verdict is Verdict.SHIP and reconciled else 1

@@ -1,7 +1,7 @@
 """The JSONL run log: one event per line, flushed as it happens.
 
 A killed process leaves a log readable up to its last complete line. Event kinds (field "event"):
-header, request, reply, call, result, gate, stop. Every event carries `seq` (0-based line number)
+header, request, reply, call, result, gate, resume, stop. Every event carries `seq` (0-based line number)
 and `t` (seconds since the run started, monotonic).
 """
 
@@ -18,7 +18,7 @@ __all__ = ["RunLog", "FORMAT", "VERSION", "EVENT_KINDS"]
 
 FORMAT = "loopfence.runlog"
 VERSION = 1
-EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "stop")
+EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume", "stop")
 
 
 class RunLog:

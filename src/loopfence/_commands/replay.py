@@ -1,0 +1,48 @@
+"""`loopfence replay LOG`: run the ring again from the log; identical or the first divergence."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .._limits import parse_limit
+from ..runlog._events import LogError
+from ..runlog._replay import replay
+from ._common import UsageError, stderr
+
+__all__ = ["add_parser", "main"]
+
+HELP = "run a logged run again from its recorded replies and results"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("replay", help=HELP, description=(
+        "Replay a run log: the ring runs again with the recorded replies as the model and, by "
+        "default, the recorded results as the tools (no side effects, no network). Every request "
+        "must equal the recorded one and the run must stop for the same reason at the same step "
+        "with the same ledger. Exit 0 identical, 1 diverged (the first divergence is shown), "
+        "2 unreadable log. With --limit the replay answers 'would this budget have stopped it "
+        "earlier?' and a different stop is the answer (exit 0)."))
+    p.add_argument("log", metavar="LOG.jsonl", help="the run log")
+    p.add_argument("--execute-tools", action="store_true",
+                   help="run the built-in workspace tools for real, in a fresh copy of the recorded "
+                        "workspace, and compare their results with the recorded ones")
+    p.add_argument("--limit", metavar="NAME=VALUE", action="append", default=[],
+                   help="replay under another limit, e.g. max_steps=3 (repeatable)")
+
+
+def main(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {}
+    for text in args.limit:
+        try:
+            name, value = parse_limit(text)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        overrides[name] = value
+    try:
+        report = replay(args.log, limits=overrides, execute_tools=args.execute_tools)
+    except LogError as exc:
+        raise UsageError(str(exc)) from None
+    for line in report.lines():
+        stderr.print(line, markup=False)
+    return 0 if report.ok else 1

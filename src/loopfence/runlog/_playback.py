@@ -1,0 +1,323 @@
+"""Playback: the ring runs again, fed by a recorded log instead of a model and tools.
+
+Three parts stand in for the ring's collaborators and share one cursor over the recording:
+
+- `PlaybackLog` (a RunLog): each event the ring writes is compared with the next recorded one and
+  consumed. A mismatch is a `Divergence`. When the recording runs out, replay reports that the run
+  went past it; resume switches to the real log file (appending) and the run goes live.
+- `PlaybackModel`: returns the recorded reply (or re-raises the recorded model stop); live after
+  the switch.
+- `PlaybackExecutor`: returns the recorded result; a side-effecting call whose intent was the last
+  recorded event gets an `outcome_unknown` result instead of running again; live after the switch.
+
+The clock follows the log: while playing, `state.t0` is set so that `elapsed()` is the recorded `t`
+of the last consumed event, so wall-clock checks see the time the recorded run saw.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._messages import Reply, Request
+from .._state import RunState
+from .._stops import StopError, StopReason
+from ..models._base import Model
+from ..tools._executor import Executor, ToolResult
+from ..tools._registry import Tool, ToolKind
+from ._events import CallEvent, Event, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from ._rebuild import RecordedFn
+from ._writer import RunLog
+
+__all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
+           "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "comparable", "outcome_unknown"]
+
+_VOLATILE = ("seq", "t", "duration_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """The first place where the ring, run again, did not write what the log recorded."""
+
+    step: int
+    line: int  # line of the recorded event that was expected (0: past the end)
+    what: str
+    expected: dict[str, Any] | None
+    got: dict[str, Any] | None
+
+    def describe(self) -> str:
+        def show(x: dict[str, Any] | None) -> str:
+            return "(nothing)" if x is None else json.dumps(x, ensure_ascii=False, sort_keys=True)
+
+        return (f"step {self.step}: {self.what}\n  expected (line {self.line}): {show(self.expected)}\n"
+                f"  got: {show(self.got)}")
+
+
+class PlaybackSignal(BaseException):
+    """Ends a playback from inside the ring (BaseException: the ring must not turn it into a stop)."""
+
+
+class Diverged(PlaybackSignal):
+    def __init__(self, divergence: Divergence) -> None:
+        super().__init__(divergence.describe())
+        self.divergence = divergence
+
+
+class RecordingEnded(PlaybackSignal):
+    """The ring needs something the recording does not have (replay only)."""
+
+    def __init__(self, step: int, what: str) -> None:
+        super().__init__(f"step {step}: {what}")
+        self.step = step
+        self.what = what
+
+
+def comparable(record: dict[str, Any]) -> dict[str, Any]:
+    """An event as replay compares it: JSON-normalized, without timing fields."""
+    out: dict[str, Any] = json.loads(json.dumps(record, ensure_ascii=False, default=str))
+    for k in _VOLATILE:
+        out.pop(k, None)
+    if out.get("event") == "stop":
+        if isinstance(out.get("ledger"), dict):
+            out["ledger"].pop("elapsed_s", None)
+        if out.get("reason") == StopReason.MAX_WALL_SECONDS:  # the clock's reading is not replayable
+            out.pop("detail", None)
+            if isinstance(out.get("data"), dict):
+                out["data"].pop("value", None)
+    return out
+
+
+def outcome_unknown(t: Tool, call: CallEvent) -> ToolResult:
+    body = {"ok": False, "error": "outcome_unknown", "tool": t.name, "tool_call_id": call.tool_call_id,
+            "message": (f"the run was interrupted while {t.name} was running: its intent was logged but "
+                        "not its outcome. It may or may not have taken effect, and it was NOT run again. "
+                        "Check its effects before calling it again.")}
+    return ToolResult(json.dumps(body, ensure_ascii=False), False, "executed", 0.0, "outcome_unknown",
+                      None, t.untrusted)
+
+
+class Recording:
+    """A cursor over the recorded events (after the header)."""
+
+    def __init__(self, events: tuple[Event, ...], start_t: float = 0.0) -> None:
+        self.events = events
+        self.pos = 0
+        self.last_t = start_t
+        self.last: Event | None = None
+        self.stop = events[-1] if events and isinstance(events[-1], StopEvent) else None
+        self.settled = _settled_index(events)
+
+    def peek(self) -> Event | None:
+        return self.events[self.pos] if self.pos < len(self.events) else None
+
+    def take(self) -> Event:
+        e = self.events[self.pos]
+        self.pos += 1
+        self.last_t = e.t
+        if e.kind != "resume":  # a resume marker is not where the run was
+            self.last = e
+        return e
+
+    def wall_stop_t(self) -> float | None:
+        """When the recorded run stopped on the clock: the time its last check saw."""
+        stop = self.stop
+        if stop is not None and stop.reason == StopReason.MAX_WALL_SECONDS and self.pos == self.settled + 1:
+            return stop.t
+        return None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.pos >= len(self.events)
+
+    def stop_ahead(self) -> StopEvent | None:
+        """The recorded stop, if only the stop's bookkeeping (not-run calls) lies before it."""
+        if self.stop is not None and self.pos > self.settled:
+            return self.stop
+        return None
+
+
+def _settled_index(events: tuple[Event, ...]) -> int:
+    """Index of the last event before the stop that is not the stop's bookkeeping: the calls the
+    stop left unrun get a refused `not_executed` call and result just before the stop."""
+    if not events or not isinstance(events[-1], StopEvent):
+        return len(events)
+    i = len(events) - 2
+    while i >= 0 and events[i].kind in ("call", "result") and \
+            events[i].raw.get("decision") == "refused" and \
+            (events[i].raw.get("reason") == "not_executed" or events[i].raw.get("error") == "not_executed"):
+        i -= 1
+    return i
+
+
+class PlaybackLog(RunLog):
+    """Compares what the ring writes with the recording; switches to `go_live` when it runs out."""
+
+    def __init__(self, recording: Recording, state: RunState, *, what_if: bool = False,
+                 go_live: Callable[[PlaybackLog], RunLog] | None = None) -> None:
+        self.live: RunLog | None = None
+        super().__init__(None)
+        self.rec = recording
+        self.state = state
+        self.what_if = what_if
+        self.go_live = go_live
+        self.detached: Divergence | None = None  # what-if: where the run left the recording
+        self.unknown_intent: CallEvent | None = None  # resume: intent logged, outcome not
+        self._set_clock(recording.last_t)
+        self._advance()
+
+    @property
+    def path(self) -> str | None:  # type: ignore[override]
+        return self.live.path if self.live is not None else None
+
+    @path.setter
+    def path(self, value: str | None) -> None:
+        pass  # RunLog.__init__ sets it; playback has no file of its own
+
+    def step(self) -> int:
+        return self.state.ledger.model_requests
+
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        if self.live is not None:
+            return self.live.write(event, **fields)
+        record = {"event": event, **fields}
+        if self.detached is not None:
+            return super().write(event, **fields)
+        expected = self.rec.peek()
+        got, want = comparable(record), comparable(expected.raw) if expected else None
+        if got != want:
+            d = Divergence(self.step(), expected.line if expected else 0,
+                           _what(event, expected), want, got)
+            if not self.what_if:
+                raise Diverged(d)
+            self.detached = d
+            return super().write(event, **fields)
+        e = self.rec.take()
+        self.events.append(e.raw)
+        self._set_clock(e.t)
+        self._advance()
+        return e.raw
+
+    def _advance(self) -> None:
+        """Past resume markers; the clock to a recorded wall-clock stop; live when the log ends."""
+        while (e := self.rec.peek()) is not None and e.kind == "resume":
+            self.rec.take()
+            self._set_clock(e.t)
+        if (wall := self.rec.wall_stop_t()) is not None:
+            self._set_clock(wall)
+        if self.rec.exhausted:
+            self._switch()
+
+    def _set_clock(self, t: float) -> None:
+        self.state.t0 = time.monotonic() - t
+
+    def _switch(self) -> None:
+        if self.go_live is None:
+            return
+        last = self.rec.last
+        if isinstance(last, CallEvent) and last.intent:
+            self.unknown_intent = last
+        self._set_clock(self.rec.last_t)
+        self.live = self.go_live(self)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.close()
+
+
+def _what(event: str, expected: Event | None) -> str:
+    if expected is None:
+        return f"the run wrote a {event} event after the end of the recording"
+    if expected.kind != event:
+        return f"the run wrote a {event} event where the log has a {expected.kind} event"
+    if event == "request":
+        return "the request differs from the recorded one (conversation or tools)"
+    return f"the {event} event differs from the recorded one"
+
+
+class PlaybackModel:
+    """The recorded replies, in order; the live model once the log has gone live."""
+
+    def __init__(self, log: PlaybackLog, live: Model | None = None) -> None:
+        self.log = log
+        self.live = live
+
+    def complete(self, request: Request) -> Reply:
+        if self.log.live is not None and self.live is not None:
+            return self.live.complete(request)
+        nxt = None if self.log.detached else self.log.rec.peek()
+        if isinstance(nxt, ReplyEvent):
+            return nxt.reply()
+        if isinstance(nxt, StopEvent):  # the recorded model call ended the run
+            raise StopError(StopReason(nxt.reason), nxt.detail, **nxt.data)
+        raise RecordingEnded(request.step, f"the model is asked for step {request.step}, "
+                             "and the recording has no reply for it")
+
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int | None:
+        """The recorded prompt estimate (a model's own count may have made it); live: the model's."""
+        if self.log.live is not None:
+            fn = getattr(self.live, "count_tokens", None)
+            return fn(messages, tools) if callable(fn) else None
+        nxt = None if self.log.detached else self.log.rec.peek()
+        return nxt.prompt_estimate if isinstance(nxt, RequestEvent) else None
+
+    def describe(self) -> dict[str, Any]:
+        fn = getattr(self.live, "describe", None)
+        return fn() if callable(fn) else {"kind": "playback"}
+
+
+class PlaybackExecutor(Executor):
+    """Recorded results for recorded tools; `live` runs real tools (resume, --execute-tools)."""
+
+    def __init__(self, log: PlaybackLog, live: Executor | None = None) -> None:
+        super().__init__(None)
+        self.log = log
+        self.live = live
+        self.ran: list[str] = []  # tools that really ran
+        self.unknown: list[str] = []  # tool_call_ids answered with outcome_unknown
+
+    def execute(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
+        log = self.log
+        if log.live is not None:
+            intent, log.unknown_intent = log.unknown_intent, None
+            if intent is not None and t.kind is ToolKind.SIDE_EFFECT:
+                self.unknown.append(intent.tool_call_id)
+                return outcome_unknown(t, intent)
+            return self._run(t, args, timeout_s)
+        nxt = None if log.detached else log.rec.peek()
+        if isinstance(nxt, ResultEvent) and nxt.decision == "executed":
+            if isinstance(t.fn, RecordedFn) or nxt.error == "outcome_unknown":
+                stop = log.rec.stop
+                violation = stop.detail if stop is not None and stop.reason == "schema_mismatch" and \
+                    log.rec.pos == log.rec.settled else None
+                return nxt.tool_result(violation)
+            return self._run(t, args, timeout_s)
+        stop = log.rec.stop_ahead() if not log.detached else None
+        if stop is not None:  # the recorded run was interrupted while this tool ran
+            raise StopError(StopReason(stop.reason), stop.detail, **stop.data)
+        raise RecordingEnded(log.step(), f"{t.name} is to run, and the recording has no result for it")
+
+    def _run(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
+        if self.live is None or isinstance(t.fn, RecordedFn):
+            raise RecordingEnded(self.log.step(), f"{t.name} has no recorded result and cannot run here")
+        if t.name not in self.ran:
+            self.ran.append(t.name)
+        return self.live.execute(t, args, timeout_s)
+
+
+class PlaybackApproval:
+    """Answers the untrusted-content gate as the recorded run did; `live` answers after the switch."""
+
+    mode = "playback"
+
+    def __init__(self, log: PlaybackLog, live: Callable[[Any, str], bool] | None = None) -> None:
+        self.log = log
+        self.live = live
+
+    def __call__(self, call: Any, reason: str) -> bool:
+        if self.log.live is not None:
+            return bool(self.live(call, reason)) if self.live is not None else False
+        nxt = None if self.log.detached else self.log.rec.peek()
+        return nxt is not None and nxt.kind == "gate" and nxt.raw.get("decision") == "approved"

@@ -1,0 +1,109 @@
+"""Reading a run log back. Strict by default: anything odd is an error naming the file and line.
+
+Strict (replay, reconcile, export): an empty file, a first line that is not a loopfence.runlog v1
+header, a line that is not a JSON object, an unknown event kind, a field of the wrong type, or a
+last line without its newline (a truncated write) -> LogError. Never a partial success.
+
+Tolerant (resume): a process killed mid-write leaves at most one incomplete last line; it is set
+aside (`RunLogFile.torn_bytes`) and the log reads back to its last complete line. Damage anywhere
+else is still an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._events import Event, Header, LogError, StopEvent, parse_event
+from ._writer import EVENT_KINDS, FORMAT, VERSION
+
+__all__ = ["RunLogFile", "read_log", "LogError"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunLogFile:
+    """A run log as read: the header, the events after it (in order), and what was set aside."""
+
+    path: str
+    header: Header
+    events: tuple[Event, ...]
+    complete_bytes: int  # length of the file up to the end of its last complete line
+    torn_bytes: int = 0  # bytes of an incomplete last line (tolerant mode only)
+
+    @property
+    def stop(self) -> StopEvent | None:
+        last = self.events[-1] if self.events else None
+        return last if isinstance(last, StopEvent) else None
+
+    @property
+    def all_events(self) -> tuple[Event, ...]:
+        return (self.header, *self.events)
+
+    def of(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+    @property
+    def next_seq(self) -> int:
+        return max(e.seq for e in self.all_events) + 1
+
+
+def read_log(path: str | os.PathLike[str], *, tolerant: bool = False) -> RunLogFile:
+    """Read and check a run log. `tolerant=True` sets aside an incomplete last line (for resume)."""
+    p = str(path)
+    try:
+        data = Path(p).read_bytes()
+    except FileNotFoundError:
+        raise LogError(p, 0, "no such file") from None
+    except OSError as exc:
+        raise LogError(p, 0, f"cannot read: {exc}") from None
+    if not data:
+        raise LogError(p, 1, "empty file: a run log starts with a header line")
+    complete_bytes = len(data)
+    torn = 0
+    if not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        lineno = data.count(b"\n") + 1
+        if not tolerant:
+            raise LogError(p, lineno, "truncated last line (no newline): the writing process "
+                           "stopped mid-line; `loopfence resume` reads back to the last complete line")
+        torn, complete_bytes, data = len(data) - cut, cut, data[:cut]
+    lines = data.split(b"\n")[:-1]
+    if not lines:
+        raise LogError(p, 1, "no complete line: the header itself was cut off")
+    events = [_parse_line(p, i, raw) for i, raw in enumerate(lines, 1)]
+    head = events[0]
+    if not isinstance(head, Header):
+        raise LogError(p, 1, f"the first line must be a header event, got {head.kind!r}")
+    for i, e in enumerate(events[1:], 2):
+        if isinstance(e, Header):
+            raise LogError(p, i, "a second header: one log holds one run")
+    return RunLogFile(p, head, tuple(events[1:]), complete_bytes, torn)
+
+
+def _parse_line(path: str, lineno: int, raw: bytes) -> Event:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LogError(path, lineno, f"not UTF-8 text: {exc.reason}") from None
+    if not text.strip():
+        raise LogError(path, lineno, "blank line")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LogError(path, lineno, f"not JSON: {exc.msg} (column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise LogError(path, lineno, f"not a JSON object: {type(record).__name__}")
+    kind = record.get("event")
+    if not isinstance(kind, str):
+        raise LogError(path, lineno, "no \"event\" field naming the event kind")
+    if kind not in EVENT_KINDS:
+        raise LogError(path, lineno, f"unknown event kind {kind!r} (known: {', '.join(EVENT_KINDS)})")
+    if kind == "header":
+        if record.get("format") != FORMAT:
+            raise LogError(path, lineno, f"header format is {record.get('format')!r}, expected {FORMAT!r}")
+        if record.get("version") != VERSION:
+            raise LogError(path, lineno, f"header version is {record.get('version')!r}, "
+                           f"this loopfence reads version {VERSION}")
+    return parse_event(path, lineno, record)

@@ -1,0 +1,165 @@
+"""What a run was started with, rebuilt from its log header: limits, policy, tools, gate, model.
+
+Replay rebuilds the tools as *recorded* tools (their results come from the log); resume checks the
+live tools against the recorded schemas; both rebuild the model settings from `header.model`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .._compact import Compaction
+from .._gate import ApprovalHook, UntrustedGate, approve_all, approver, deny_all
+from .._limits import Limits, Policy
+from ..models._base import Model
+from ..tools._registry import Registry, Tool
+from ._events import Header, LogError, ToolSpec
+
+__all__ = ["RecordedFn", "recorded_tool", "limits_of", "policy_of", "compaction_of", "gate_of",
+           "messages_of", "registry_of", "check_tools", "model_of", "ModelRebuildError", "live_approval"]
+
+
+class ModelRebuildError(ValueError):
+    """The header's model settings cannot be turned back into a live model here."""
+
+
+class RecordedFn:
+    """The function of a recorded tool: replay answers from the log, so calling it is a bug."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self.name} is a recorded tool: its results come from the run log")
+
+
+def recorded_tool(spec: ToolSpec) -> Tool:
+    return Tool.from_schema(spec.name, RecordedFn(spec.name), spec.parameters,
+                            description=spec.description, kind=spec.kind, untrusted=spec.untrusted)
+
+
+def limits_of(h: Header, path: str, overrides: Mapping[str, Any] | None = None) -> Limits:
+    try:
+        return Limits.from_json(h.limits).replace(**dict(overrides or {}))
+    except (TypeError, ValueError) as exc:
+        raise LogError(path, h.line, f"header limits: {exc}") from None
+
+
+def policy_of(h: Header, path: str) -> Policy:
+    try:
+        return Policy.from_json(h.policy)
+    except (TypeError, ValueError) as exc:
+        raise LogError(path, h.line, f"header policy: {exc}") from None
+
+
+def compaction_of(h: Header, path: str) -> Compaction:
+    data = h.raw.get("compaction")
+    if data is None:  # logs written before compaction existed sent everything
+        return Compaction.off()
+    if not isinstance(data, dict):
+        raise LogError(path, h.line, "header compaction must be an object")
+    try:
+        return Compaction(keep_turns=data.get("keep_turns"), min_chars=int(data.get("min_chars", 300)))
+    except (TypeError, ValueError) as exc:
+        raise LogError(path, h.line, f"header compaction: {exc}") from None
+
+
+def gate_of(h: Header, path: str, approve: ApprovalHook | None) -> UntrustedGate:
+    """The untrusted-content gate as recorded; `approve` answers for it (recorded or live)."""
+    data = h.raw.get("gate")
+    if data is None:
+        return UntrustedGate(approve)
+    if not isinstance(data, dict):
+        raise LogError(path, h.line, "header gate must be an object")
+    names = data.get("privileged", "default")
+    if names != "default" and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise LogError(path, h.line, "header gate.privileged must be \"default\" or a list of names")
+    return UntrustedGate(approve, None if names == "default" else names)
+
+
+def live_approval(h: Header) -> ApprovalHook:
+    """Resume keeps the recorded approval mode (`ask` asks only on a terminal, else denies)."""
+    data = h.raw.get("gate")
+    mode = data.get("approve") if isinstance(data, dict) else None
+    if mode == "all":
+        return approve_all
+    if mode == "ask":
+        return approver(None)
+    return deny_all
+
+
+def messages_of(h: Header) -> list[dict[str, Any]]:
+    """The opening conversation, exactly as `run()` builds it."""
+    return ([{"role": "system", "content": h.system}] if h.system else []) + \
+        [{"role": "user", "content": h.task}]
+
+
+def registry_of(h: Header, live: Iterable[Tool] = ()) -> Registry:
+    """One tool per recorded spec, in the recorded order: the live one where given, else recorded."""
+    by_name = {t.name: t for t in live}
+    return Registry([by_name.get(s.name) or recorded_tool(s) for s in h.tools])
+
+
+def check_tools(h: Header, path: str, tools: Iterable[Tool]) -> Registry:
+    """Live tools for a resumed run: every recorded tool present, with the recorded schema and kind."""
+    by_name = {t.name: t for t in tools}
+    missing = [s.name for s in h.tools if s.name not in by_name]
+    if missing:
+        raise LogError(path, h.line, f"the run used tool(s) {', '.join(missing)} that are not available "
+                       "here; pass them to resume()")
+    for s in h.tools:
+        t = by_name[s.name]
+        if t.schema() != s.schema() or t.kind != s.kind:
+            raise LogError(path, h.line, f"tool {s.name}: its schema or kind differs from the one "
+                           "recorded in the header; the conversation would not continue the same")
+    return Registry([by_name[s.name] for s in h.tools])
+
+
+_Builder = Callable[[dict[str, Any], int], Model]
+
+
+def model_of(h: Header, replies_served: int) -> Model:
+    """A live model with the recorded settings. Scripted models continue where the log ended."""
+    d = h.model
+    kind = d.get("kind")
+    builders: dict[str, _Builder] = {"scripted": _scripted, "openai": _openai, "local": _local}
+    if kind not in builders:
+        raise ModelRebuildError(f"the header's model kind {kind!r} cannot be rebuilt here "
+                                f"(known: {', '.join(builders)}); pass a model to resume()")
+    try:
+        return builders[str(kind)](d, replies_served)
+    except ModelRebuildError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to build is reported the same way
+        raise ModelRebuildError(f"cannot rebuild the {kind} model from the header: "
+                                f"{type(exc).__name__}: {exc}") from None
+
+
+def _scripted(d: dict[str, Any], served: int) -> Model:
+    from ..models._scripted import ScriptedModel
+
+    script = d.get("script")
+    if not isinstance(script, list) or not script:
+        raise ModelRebuildError("the header's scripted model has no inline script (written by an "
+                                "older loopfence); pass the model to resume()")
+    return ScriptedModel(script, repeat_last=bool(d.get("repeat_last", True)), offset=served)
+
+
+def _openai(d: dict[str, Any], served: int) -> Model:
+    from ..models._openai import OpenAIModel
+    from ..models._retry import Timeouts
+
+    options: dict[str, Any] = {k: d[k] for k in ("stream", "max_retries", "retry_after_cap",
+                                                 "request_timeout", "tool_choice", "extra_params")
+                               if d.get(k) is not None}
+    if isinstance(d.get("timeouts"), dict):
+        options["timeout"] = Timeouts(**d["timeouts"])
+    return OpenAIModel.from_env(d.get("base_url"), d.get("model"), **options)
+
+
+def _local(d: dict[str, Any], served: int) -> Model:
+    from ..models._local import LocalModel
+
+    options = {k: d[k] for k in ("chat_format", "n_ctx", "seed", "temperature", "max_tokens") if k in d}
+    return LocalModel(**options)

@@ -1,0 +1,277 @@
+"""Reconcile: does the log add up? Each invariant is checked from the events alone.
+
+The ledger in the stop event must match what the log shows happened, every requested call must
+have exactly one result, the stop must be the last line and its limit must really have been
+reached, and no final answer may have been overwritten by a later budget stop.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._contract import check_call, check_reply
+from .._limits import Limits
+from .._messages import Reply
+from .._stops import StopReason, Verdict
+from ._events import CallEvent, LogError, ReplyEvent, ResultEvent, StopEvent
+from ._reader import RunLogFile, read_log
+from ._rebuild import registry_of
+from ._stopcheck import StopFacts, limit_reached
+
+__all__ = ["Check", "Reconciliation", "reconcile", "INVARIANTS"]
+
+INVARIANTS = {
+    "one_result_per_call": "every requested tool call has exactly one result",
+    "no_orphan_results": "every result answers a requested tool call",
+    "intent_before_execution": "every executed result follows its logged intent",
+    "steps_are_requests": "ledger model_requests = request events (steps 1..n in order)",
+    "calls_requested": "ledger tool_calls = tool calls in the replies",
+    "executions": "ledger tool_executions = executed results",
+    "reuses": "ledger reused = reused results (and refused, rejected)",
+    "tokens": "ledger token totals = the sum of the replies' usage",
+    "stop_is_last": "exactly one stop, and it is the last event",
+    "stop_reason_known": "the stop reason is in the vocabulary and the verdict fits it",
+    "limit_reached": "the limit the stop names was really reached by the counts in the log",
+    "no_overwritten_answer": "no final answer existed before a later stop",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    @property
+    def description(self) -> str:
+        return INVARIANTS[self.name]
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    path: str
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def check(self, name: str) -> Check:
+        return next(c for c in self.checks if c.name == name)
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    step: int
+    reply: ReplyEvent
+    parsed: Reply | None
+
+
+def reconcile(path: str | Path | RunLogFile) -> Reconciliation:
+    """Check every invariant; LogError only when the file is not a readable run log."""
+    log = path if isinstance(path, RunLogFile) else read_log(path)
+    turns = [_turn(e) for e in log.events if isinstance(e, ReplyEvent)]
+    stops = [e for e in log.events if isinstance(e, StopEvent)]
+    stop = log.stop or (stops[-1] if stops else None)
+    ledger: dict[str, Any] = stop.ledger if stop else {}
+    results = [e for e in log.events if isinstance(e, ResultEvent)]
+    calls = [e for e in log.events if isinstance(e, CallEvent)]
+    checks = [
+        *_pairing(turns, results),
+        _intents(calls, results),
+        _steps(log, ledger),
+        _count("calls_requested", ledger, "tool_calls",
+               sum(len(t.parsed.tool_calls) for t in turns if t.parsed), "tool calls in the replies"),
+        _count("executions", ledger, "tool_executions",
+               sum(r.decision == "executed" for r in results), "executed results"),
+        _reuses(ledger, results),
+        _tokens(ledger, turns, stop),
+        _stop_last(log, stops),
+        _stop_known(stop),
+        _limit(log, stop, turns, results, calls),
+        _overwritten(log, turns),
+    ]
+    return Reconciliation(log.path, tuple(checks))
+
+
+def _turn(e: ReplyEvent) -> _Turn:
+    try:
+        parsed: Reply | None = e.reply()
+    except LogError:
+        parsed = None
+    return _Turn(e.step, e, parsed)
+
+
+def _pairing(turns: list[_Turn], results: list[ResultEvent]) -> list[Check]:
+    """Key calls by (step, id, position): scripted models reuse ids across (and within) steps."""
+    wanted: dict[tuple[int, str], list[int]] = {}
+    unreadable = [t.reply.line for t in turns if t.parsed is None]
+    for t in turns:
+        for pos, c in enumerate(t.parsed.tool_calls if t.parsed else ()):
+            wanted.setdefault((t.step, c.id), []).append(pos)
+    answered: Counter[tuple[int, str, int]] = Counter()
+    orphans: list[str] = []
+    for r in results:
+        open_positions = wanted.get((r.step, r.tool_call_id), [])
+        if open_positions:
+            answered[(r.step, r.tool_call_id, open_positions.pop(0))] += 1
+        else:
+            orphans.append(f"line {r.line} ({r.tool_call_id} at step {r.step})")
+    missing = [f"{cid} (step {step}, position {p})" for (step, cid), ps in wanted.items() for p in ps]
+    one = Check("one_result_per_call", not missing and not unreadable,
+                "all calls answered" if not missing and not unreadable else
+                "; ".join(([f"no result for {', '.join(missing)}"] if missing else [])
+                          + ([f"unreadable replies at lines {unreadable}"] if unreadable else [])))
+    return [one, Check("no_orphan_results", not orphans,
+                       "every result has a request" if not orphans else
+                       f"results without a requested call: {', '.join(orphans)}")]
+
+
+def _intents(calls: list[CallEvent], results: list[ResultEvent]) -> Check:
+    intents = Counter((c.step, c.tool_call_id) for c in calls if c.intent)
+    bad = []
+    for r in results:
+        if r.decision != "executed":
+            continue
+        key = (r.step, r.tool_call_id)
+        if intents[key] > 0:
+            intents[key] -= 1
+        else:
+            bad.append(f"line {r.line} ({r.tool_call_id})")
+    return Check("intent_before_execution", not bad, "every execution was announced" if not bad else
+                 f"executed without a logged intent: {', '.join(bad)}")
+
+
+def _count(name: str, ledger: dict[str, Any], field: str, actual: int, what: str) -> Check:
+    says = ledger.get(field)
+    return Check(name, says == actual, f"{field}={says}, {what}: {actual}")
+
+
+def _steps(log: RunLogFile, ledger: dict[str, Any]) -> Check:
+    steps = [e.raw.get("step") for e in log.events if e.kind == "request"]
+    in_order = steps == list(range(1, len(steps) + 1))
+    says = ledger.get("model_requests")
+    ok = says == len(steps) and in_order
+    detail = f"model_requests={says}, request events: {len(steps)}"
+    return Check("steps_are_requests", ok, detail if in_order else f"{detail}; steps out of order: {steps}")
+
+
+def _reuses(ledger: dict[str, Any], results: list[ResultEvent]) -> Check:
+    seen = Counter(r.decision for r in results)
+    parts, ok = [], True
+    for field, decision in (("reused", "reused"), ("refused", "refused"), ("rejected", "rejected")):
+        says = ledger.get(field)
+        ok = ok and says == seen[decision]
+        parts.append(f"{field}={says}/{seen[decision]}")
+    return Check("reuses", ok, ", ".join(parts) + " (ledger/results)")
+
+
+def _tokens(ledger: dict[str, Any], turns: list[_Turn], stop: StopEvent | None) -> Check:
+    prompt = sum(t.reply.prompt_tokens for t in turns)
+    completion = sum(t.reply.completion_tokens for t in turns)
+    per_step = [(t.reply.prompt_tokens, t.reply.completion_tokens) for t in turns]
+    ok = ledger.get("prompt_tokens") == prompt and ledger.get("completion_tokens") == completion and \
+        (stop is None or list(stop.per_step) == per_step)
+    return Check("tokens", ok, f"prompt {ledger.get('prompt_tokens')}/{prompt}, completion "
+                 f"{ledger.get('completion_tokens')}/{completion} (ledger/replies)"
+                 + ("" if stop is None or list(stop.per_step) == per_step else "; per_step differs"))
+
+
+def _stop_last(log: RunLogFile, stops: list[StopEvent]) -> Check:
+    if not stops:
+        return Check("stop_is_last", False, "no stop event: the run did not finish (resume it)")
+    if len(stops) > 1:
+        return Check("stop_is_last", False, f"{len(stops)} stop events (lines {[s.line for s in stops]})")
+    if log.stop is None:
+        after = log.events[-1]
+        return Check("stop_is_last", False, f"the stop at line {stops[0].line} is followed by events "
+                     f"(last: {after.kind} at line {after.line})")
+    return Check("stop_is_last", True, f"line {stops[0].line}")
+
+
+def _stop_known(stop: StopEvent | None) -> Check:
+    if stop is None:
+        return Check("stop_reason_known", False, "no stop")
+    if stop.reason not in set(StopReason):
+        return Check("stop_reason_known", False, f"{stop.reason!r} is not a stop reason")
+    want = Verdict.SHIP if stop.reason == StopReason.FINAL_ANSWER else Verdict.KILL
+    if stop.verdict != want:
+        return Check("stop_reason_known", False, f"{stop.reason} with verdict {stop.verdict}, expected {want}")
+    return Check("stop_reason_known", True, f"{stop.reason} ({stop.verdict})")
+
+
+def _limit(log: RunLogFile, stop: StopEvent | None, turns: list[_Turn], results: list[ResultEvent],
+           calls: list[CallEvent]) -> Check:
+    if stop is None or stop.reason not in set(StopReason):
+        return Check("limit_reached", False, "no valid stop to check")
+    try:
+        limits = Limits.from_json(log.header.limits)
+    except (TypeError, ValueError) as exc:
+        return Check("limit_reached", False, f"header limits unreadable: {exc}")
+    facts = StopFacts(stop, limits, log.header.params, turns=[t.parsed for t in turns],
+                      requests=sum(e.kind == "request" for e in log.events), results=results,
+                      keys=_keys(log, turns, calls), prompt_used=sum(t.reply.prompt_tokens for t in turns),
+                      completion_used=sum(t.reply.completion_tokens for t in turns),
+                      kinds={s.name: s.kind for s in log.header.tools},
+                      last_kind=_before_stop(log))
+    ok, detail = limit_reached(facts)
+    return Check("limit_reached", ok, detail)
+
+
+def _before_stop(log: RunLogFile) -> str | None:
+    """The kind of the last event before the stop, leaving out the stop's own bookkeeping (the
+    calls it left unrun get `not_executed` results) and resume markers."""
+    events = [e for e in log.events if e.kind not in ("stop", "resume") and not _bookkeeping(e)]
+    return events[-1].kind if events else None
+
+
+def _bookkeeping(e: Any) -> bool:
+    return e.kind in ("call", "result") and e.raw.get("decision") == "refused" and \
+        "not_executed" in (e.raw.get("reason"), e.raw.get("error"))
+
+
+def _keys(log: RunLogFile, turns: list[_Turn], calls: list[CallEvent]) -> list[set[str]]:
+    """Per reply: the canonical keys it asked for (logged where known, else recomputed)."""
+    logged = {(c.step, c.tool_call_id): c.key for c in calls if c.key}
+    registry = registry_of(log.header)
+    out = []
+    for t in turns:
+        keys = set()
+        for c in t.parsed.tool_calls if t.parsed else ():
+            key = logged.get((t.step, c.id))
+            if key is None:
+                checked = check_call(c, registry)
+                key = getattr(checked, "key", None)
+            if key is not None and registry.get(c.name) is not None:
+                keys.add(key)
+        out.append(keys)
+    return out
+
+
+def _overwritten(log: RunLogFile, turns: list[_Turn]) -> Check:
+    max_tokens = log.header.params.get("max_tokens")
+    registry = registry_of(log.header)
+    events = list(log.events)
+    for t in turns:
+        r = t.parsed
+        if r is None or r.tool_calls or not (r.content or "").strip():
+            continue
+        if check_reply(r, registry, max_tokens).incomplete:
+            continue
+        i = events.index(t.reply)
+        nxt = events[i + 1] if i + 1 < len(events) else None
+        if not isinstance(nxt, StopEvent):
+            what = f"{nxt.kind} at line {nxt.line}" if nxt else "nothing (no stop)"
+            return Check("no_overwritten_answer", False, f"a final answer at line {t.reply.line} (step "
+                         f"{t.step}) is followed by {what}")
+        if nxt.reason != StopReason.FINAL_ANSWER or nxt.final_answer != r.content:
+            return Check("no_overwritten_answer", False, f"a final answer at line {t.reply.line} ended in "
+                         f"stop {nxt.reason} without that answer")
+    return Check("no_overwritten_answer", True, "no answer was lost")

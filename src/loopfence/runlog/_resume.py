@@ -1,0 +1,127 @@
+"""Resume: continue a run whose process died, from its log, appending to the same log.
+
+The log is read back to its last complete line (an incomplete last line is cut off the file). The
+ring then runs again over the recorded events (playback: recorded replies and results, every event
+checked against the log), which rebuilds the conversation, the ledger, the read-only cache, the
+guards' memory (repeat counts, result streak, taint) and the estimator exactly as they were. Where
+the log ends, the run goes live: the real model (rebuilt from the header unless given) and the
+real tools, the clock continuing from the last recorded time, new events appended.
+
+A side-effecting call whose intent was the last thing logged is not run again: the model receives
+an `outcome_unknown` result for it. A read-only or poll call in that position runs again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._guards import Guard, default_guards
+from .._loop import drive, new_state
+from .._stops import RunResult
+from ..models._base import Model
+from ..tools._executor import Executor
+from ..tools._registry import Tool, ToolKind
+from ._events import LogError, StopEvent
+from ._playback import (Diverged, PlaybackApproval, PlaybackExecutor, PlaybackLog, PlaybackModel,
+                        PlaybackSignal, Recording)
+from ._reader import RunLogFile, read_log
+from ._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
+                       model_of, policy_of)
+from ._writer import RunLog
+
+__all__ = ["resume", "ResumeOutcome", "ResumeError"]
+
+
+class ResumeError(LogError):
+    """The log cannot be continued (it does not play back, or its tools/model are not here)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeOutcome:
+    path: str
+    ended: StopEvent | None  # the run had already ended: nothing was done
+    result: RunResult | None  # the resumed run's result
+    resumed_after: int  # last complete line of the log as found
+    torn_bytes: int  # bytes of an incomplete last line that were cut off
+    outcome_unknown: tuple[str, ...]  # tool_call_ids answered with outcome_unknown
+
+    def lines(self) -> list[str]:
+        if self.ended is not None:
+            return [f"the run already ended at line {self.ended.line}: {self.ended.reason} "
+                    f"({self.ended.verdict}); nothing to resume"]
+        assert self.result is not None
+        out = [f"resumed after line {self.resumed_after}"
+               + (f" (an incomplete last line of {self.torn_bytes} bytes was cut off)" if self.torn_bytes
+                  else "")]
+        if self.outcome_unknown:
+            out.append(f"not run again, outcome unknown: {', '.join(self.outcome_unknown)}")
+        r = self.result
+        out.append(f"stop: {r.stop.reason} ({r.verdict}) at step {r.ledger.model_requests}: {r.stop.detail}")
+        return out
+
+
+def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool] | None = None,
+           guards: list[Guard] | None = None, executor: Executor | None = None,
+           listener: Callable[[dict[str, Any]], None] | None = None) -> ResumeOutcome:
+    """Continue the run logged at `path`. `tools` default to the built-in workspace tools of the
+    recorded workspace; `model` defaults to one rebuilt from the header's model settings."""
+    p = str(path)
+    log = read_log(p, tolerant=True)
+    last_line = len(log.events) + 1
+    if log.stop is not None:
+        return ResumeOutcome(p, log.stop, None, last_line, 0, ())
+    h = log.header
+    registry = check_tools(h, p, _workspace_tools(log) if tools is None else tools)
+    try:
+        live_model = model or model_of(h, len(log.of("reply")))
+    except ValueError as exc:
+        raise ResumeError(p, h.line, str(exc)) from None
+    if log.torn_bytes:
+        os.truncate(p, log.complete_bytes)
+    state = new_state(registry, limits_of(h, p), policy_of(h, p), h.params, messages_of(h),
+                      compaction_of(h, p))
+
+    def go_live(plog: PlaybackLog) -> RunLog:
+        live = RunLog(p, append=True, seq=log.next_seq, t0=state.t0, listener=listener)
+        intent = plog.unknown_intent
+        pending = None
+        if intent is not None:
+            t = registry.get(intent.name)
+            side = t is None or t.kind is ToolKind.SIDE_EFFECT
+            pending = {"tool_call_id": intent.tool_call_id, "name": intent.name, "line": intent.line,
+                       "action": "outcome_unknown: not run again" if side else "run again (no side effects)"}
+        describe = getattr(live_model, "describe", None)
+        live.write("resume", after_line=last_line, elapsed_s=round(plog.rec.last_t, 6),
+                   step=state.ledger.model_requests, torn_bytes=log.torn_bytes, pending_intent=pending,
+                   model=describe() if callable(describe) else {"kind": type(live_model).__name__})
+        return live
+
+    plog = PlaybackLog(Recording(log.events, h.t), state, go_live=go_live)
+    gate = gate_of(h, p, PlaybackApproval(plog, live_approval(h)))
+    runner = PlaybackExecutor(plog, executor or Executor())
+    try:
+        result = drive(state, PlaybackModel(plog, live_model), plog,
+                       default_guards(state.limits, guards, gate), runner)
+    except Diverged as exc:
+        d = exc.divergence
+        raise ResumeError(p, d.line, "the log does not play back, so the run cannot be rebuilt from it: "
+                          + d.describe()) from None
+    except PlaybackSignal as exc:
+        raise ResumeError(p, last_line, f"cannot resume: {exc}") from None
+    return ResumeOutcome(p, None, result, last_line, log.torn_bytes, tuple(runner.unknown))
+
+
+def _workspace_tools(log: RunLogFile) -> list[Tool]:
+    from ..tools import workspace_tools
+
+    ws = log.header.workspace
+    if not ws:
+        raise ResumeError(log.path, log.header.line, "the header names no workspace; pass the run's "
+                          "tools to resume()")
+    if not Path(ws).is_dir():
+        raise ResumeError(log.path, log.header.line, f"the recorded workspace {ws} is not a folder here")
+    return workspace_tools(ws)

@@ -1,0 +1,167 @@
+"""The strict reader: every broken log is an error naming the file and the line, never a green replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loopfence.cli import cli
+from loopfence.runlog import LogError, read_log
+from loopfence.runlog._events import CallEvent, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+
+from _runlog_support import config_script, make_workspace, read_lines, record, write_lines
+
+
+@pytest.fixture
+def good(tmp_path: Path) -> Path:
+    ws = make_workspace(tmp_path)
+    record(tmp_path / "good.jsonl", config_script(), workspace=ws)
+    return tmp_path / "good.jsonl"
+
+
+def _error(path: Path, *, tolerant: bool = False) -> LogError:
+    with pytest.raises(LogError) as info:
+        read_log(path, tolerant=tolerant)
+    return info.value
+
+
+def test_a_good_log_reads_back_typed(good: Path) -> None:
+    log = read_log(good)
+    kinds = [type(e) for e in log.events]
+    assert log.header.task == "Read app/config.py" and log.header.workspace
+    assert kinds[0] is RequestEvent and kinds[1] is ReplyEvent and CallEvent in kinds and ResultEvent in kinds
+    assert isinstance(log.stop, StopEvent) and log.stop.reason == "final_answer"
+    assert [e.line for e in log.all_events] == list(range(1, len(log.events) + 2))
+    assert log.torn_bytes == 0 and log.complete_bytes == good.stat().st_size
+
+
+def test_empty_file_is_an_error_naming_line_1(tmp_path: Path) -> None:
+    p = tmp_path / "empty.jsonl"
+    p.write_text("")
+    err = _error(p)
+    assert err.line == 1 and str(err).startswith(f"{p}:1: empty file")
+    assert _error(p, tolerant=True).line == 1  # nothing to resume either
+
+
+def test_missing_file_names_the_file(tmp_path: Path) -> None:
+    assert str(tmp_path / "nope.jsonl") in str(_error(tmp_path / "nope.jsonl"))
+
+
+def test_missing_header(good: Path, tmp_path: Path) -> None:
+    p = tmp_path / "noheader.jsonl"
+    write_lines(p, read_lines(good)[1:])
+    err = _error(p)
+    assert err.line == 1 and "first line must be a header" in str(err)
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("format", "something.else", "header format"),
+    ("version", 2, "header version is 2"),
+])
+def test_invalid_header(good: Path, tmp_path: Path, field: str, value: object, words: str) -> None:
+    events = read_lines(good)
+    events[0][field] = value
+    p = tmp_path / "badheader.jsonl"
+    write_lines(p, events)
+    err = _error(p)
+    assert err.line == 1 and words in str(err)
+
+
+def test_a_line_that_is_not_json(good: Path, tmp_path: Path) -> None:
+    lines = good.read_text().splitlines(keepends=True)
+    lines[3] = "{not json\n"
+    p = tmp_path / "notjson.jsonl"
+    p.write_text("".join(lines))
+    err = _error(p)
+    assert err.line == 4 and "not JSON" in str(err) and str(p) in str(err)
+    assert _error(p, tolerant=True).line == 4  # damage before the last line is never tolerated
+
+
+@pytest.mark.parametrize("text,words", [
+    ("[1, 2]\n", "not a JSON object"),
+    ('{"seq": 3}\n', "no \"event\" field"),
+    ('{"event": "telepathy", "seq": 3, "t": 0.1}\n', "unknown event kind 'telepathy'"),
+    ("\n", "blank line"),
+])
+def test_lines_that_are_not_events(good: Path, tmp_path: Path, text: str, words: str) -> None:
+    lines = good.read_text().splitlines(keepends=True)
+    lines.insert(2, text)
+    p = tmp_path / "odd.jsonl"
+    p.write_text("".join(lines))
+    err = _error(p)
+    assert err.line == 3 and words in str(err)
+
+
+def test_a_field_of_the_wrong_type_names_event_and_field(good: Path, tmp_path: Path) -> None:
+    events = read_lines(good)
+    i = next(i for i, e in enumerate(events) if e["event"] == "result")
+    events[i]["ok"] = "yes"
+    p = tmp_path / "wrongtype.jsonl"
+    write_lines(p, events)
+    err = _error(p)
+    assert err.line == i + 1 and "result event: field 'ok' must be a boolean" in str(err)
+
+
+def test_a_second_header_is_an_error(good: Path, tmp_path: Path) -> None:
+    events = read_lines(good)
+    p = tmp_path / "twoheaders.jsonl"
+    write_lines(p, [*events[:3], events[0], *events[3:]])
+    assert _error(p).line == 4
+
+
+def test_truncated_last_line_strict_error_tolerant_reads_to_last_complete_line(good: Path,
+                                                                               tmp_path: Path) -> None:
+    data = good.read_bytes()
+    full = read_log(good)
+    n_lines = data.count(b"\n")
+    cut = data.rfind(b"\n", 0, len(data) - 1) + 1 + 20  # 20 bytes into the last line
+    p = tmp_path / "torn.jsonl"
+    p.write_bytes(data[:cut])
+    err = _error(p)
+    assert err.line == n_lines and "truncated last line" in str(err)
+    log = read_log(p, tolerant=True)
+    assert log.torn_bytes == 20 and len(log.events) == len(full.events) - 1 and log.stop is None
+
+
+def test_a_complete_json_line_without_its_newline_is_still_torn(good: Path, tmp_path: Path) -> None:
+    p = tmp_path / "nonl.jsonl"
+    p.write_bytes(good.read_bytes()[:-1])  # the stop line is whole JSON, but the write never finished
+    assert "truncated last line" in str(_error(p))
+    assert read_log(p, tolerant=True).stop is None
+
+
+def test_every_cut_reads_back_to_its_last_complete_line(good: Path, tmp_path: Path) -> None:
+    data = good.read_bytes()
+    ends = [i + 1 for i, b in enumerate(data) if b == 0x0A]
+    p = tmp_path / "cut.jsonl"
+    for cut in range(ends[0], len(data) + 1, 7):
+        p.write_bytes(data[:cut])
+        log = read_log(p, tolerant=True)
+        complete = max(e for e in ends if e <= cut)
+        assert log.complete_bytes == complete and log.torn_bytes == cut - complete
+        assert len(log.events) + 1 == ends.index(complete) + 1
+
+
+def test_cli_refuses_a_broken_log_with_the_line(good: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "torn.jsonl"
+    p.write_bytes(good.read_bytes()[:-5])
+    for command in ("replay", "reconcile", "export"):
+        assert cli([command, str(p)]) == 2
+        err = capsys.readouterr().err
+        assert f"{p}:" in err and "truncated last line" in err, command
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert cli(["replay", str(empty)]) == 2
+    assert f"{empty}:1: empty file" in capsys.readouterr().err
+
+
+def test_header_tools_are_read_as_specs(good: Path) -> None:
+    h = read_log(good).header
+    names = [t.name for t in h.tools]
+    assert "read_file" in names and "list_dir" in names
+    raw = {t["function"]["name"]: t for t in json.loads(good.read_text().splitlines()[0])["tools"]}
+    for spec in h.tools:
+        assert spec.schema() == {"type": "function", "function": raw[spec.name]["function"]}
