@@ -13,6 +13,7 @@ from loopfence._compact import STUB_PREFIX, Compaction, OutgoingView
 from loopfence._json import canonical_json, fingerprint
 from loopfence._messages import Request
 from loopfence._state import RunState
+from loopfence._tokens import text_units
 from loopfence.runlog import RunLog
 from loopfence.testing import calls_reply, text_reply, tool_call
 from loopfence.tools import Registry
@@ -94,10 +95,10 @@ def test_estimate_is_over_the_outgoing_prompt():
     model = Recorder(five_pages())
     log = RunLog(None)
     run("t", model=model, tools=REG, log=log, compaction=Compaction(keep_turns=1))
-    tools_chars = len(canonical_json(REG.schemas()))
+    tools_units = text_units(canonical_json(REG.schemas()))
     for req, est in zip(model.requests, [e["prompt_estimate"] for e in log.events if e["event"] == "request"]):
-        chars = sum(len(canonical_json(m)) for m in req.messages) + tools_chars
-        assert est == int(chars / 3.0) + 1  # no usage reported: the starting ratio
+        units = sum(text_units(canonical_json(m)) for m in req.messages) + tools_units
+        assert est == int(units / 3.0) + 1  # no usage reported: the starting ratio
 
 
 def test_short_results_are_never_stubbed():
@@ -118,12 +119,12 @@ def test_keep_turns_must_be_positive_or_none():
 
 
 def test_limits_see_the_compacted_prompt():
-    # five 1,300-character pages: off, the 6th prompt is ~2.6k tokens; with keep_turns=1 it fits 1.5k
-    limits = Limits(max_prompt_tokens=None, context_window=1500)
+    # five 1,300-character pages: off, the 6th prompt is ~3k tokens (estimated); keep_turns=1: ~1.7k
+    limits = Limits(max_prompt_tokens=None, context_window=2000)
     r_off, _ = (run("t", model=Recorder(five_pages()), tools=REG, limits=limits, log=RunLog(None),
                     compaction=Compaction.off()), None)
     assert r_off.stop.reason is StopReason.CONTEXT_OVERFLOW
-    assert "context_window=1500" in r_off.stop.detail and "not sent" in r_off.stop.detail
+    assert "context_window=2000" in r_off.stop.detail and "not sent" in r_off.stop.detail
     r_on = run("t", model=Recorder(five_pages()), tools=REG, limits=limits, log=RunLog(None),
                compaction=Compaction(keep_turns=1))
     assert r_on.stop.reason is StopReason.FINAL_ANSWER
@@ -152,7 +153,7 @@ def test_view_matches_messages_and_counts_its_own_characters(turns, keep, min_ch
     out = s.view.messages
     assert s.messages == plain.messages == plain.view.messages
     assert s.request_fingerprint() == plain.request_fingerprint()
-    assert s.view.chars == sum(len(canonical_json(m)) for m in out)
+    assert s.view.size == sum(text_units(canonical_json(m)) for m in out)
     assert len(out) == len(s.messages)
     n_turns = len(turns)
     kept_from = None if keep is None else n_turns - keep  # turns before this index may be stubbed
@@ -166,6 +167,23 @@ def test_view_matches_messages_and_counts_its_own_characters(turns, keep, min_ch
         if sent["content"] != orig["content"]:
             assert sent["content"].startswith(STUB_PREFIX)
             assert kept_from is not None and t < kept_from and len(orig["content"]) >= min_chars
-            assert len(canonical_json(sent)) < len(canonical_json(orig))
+            assert text_units(canonical_json(sent)) < text_units(canonical_json(orig))
         tool_index += 1
     assert s.next_prompt_estimate() <= plain.next_prompt_estimate()
+
+
+def test_asking_again_for_an_elided_page_runs_it_again_instead_of_no_progress():
+    script = [calls_reply(tool_call("read_file", path="pi.txt", page=n)) for n in (1, 2, 3)] + \
+        [calls_reply(tool_call("read_file", path="pi.txt", page=1)),  # elided by now: asks again
+         calls_reply(tool_call("read_file", path="pi.txt", page=1)),  # a third time: max_repeats
+         text_reply("note")]
+    model = Recorder(list(script))
+    log = RunLog(None)
+    r = run("t", model=model, tools=REG, log=log, compaction=Compaction(keep_turns=1))
+    decisions = [e["decision"] for e in log.events if e["event"] == "result"]
+    assert decisions[:4] == ["executed"] * 4
+    assert tool_contents(model.requests[4])[-1] == PAGES[1]  # page 1 is back in sight
+    assert r.stop.reason is StopReason.REPEATED_CALL  # asking over and over is still bounded
+    # without compaction the model still sees page 1: asking again learns nothing
+    off = run("t", model=Recorder(list(script)), tools=REG, log=RunLog(None), compaction=Compaction.off())
+    assert off.stop.reason is StopReason.NO_PROGRESS and off.ledger.reused == 1

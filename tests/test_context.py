@@ -15,6 +15,7 @@ from loopfence._json import canonical_json
 from loopfence._messages import Request
 from loopfence._state import RunState
 from loopfence._stops import StopError
+from loopfence._tokens import text_units
 from loopfence.runlog import RunLog
 from loopfence.testing import calls_reply, text_reply, tool_call
 from loopfence.tools import Executor, Registry
@@ -123,16 +124,28 @@ def test_count_tokens_none_or_raising_falls_back_to_the_estimate():
         assert s.next_prompt_estimate() == plain.next_prompt_estimate() > 100
 
 
-def test_estimate_calibrates_from_reported_usage():
+def test_estimate_starts_from_the_last_reported_prompt_plus_what_came_since():
     model = ScriptedModel([calls_reply(tool_call("fetch_page", path="p"), usage=(100, 5)), text_reply("ok")])
     log = RunLog(None)
     short = Registry([tool(lambda path: "short", name="fetch_page", kind="read_only")])
-    run("a task of some length " * 10, model=model, tools=short, log=log)
+    r = run("a task of some length " * 10, model=model, tools=short, log=log)
     first, second = [e["prompt_estimate"] for e in log.events if e["event"] == "request"]
-    sent = len(canonical_json([{"role": "user", "content": "a task of some length " * 10}])) - 2 + \
-        len(canonical_json(short.schemas()))
-    assert first == int(sent / 3.0) + 1
-    assert second < first * 1.5  # calibrated to ~chars/100 tokens: the ratio moved well above 3
+    sent = text_units(canonical_json({"role": "user", "content": "a task of some length " * 10})) + \
+        text_units(canonical_json(short.schemas()))
+    assert first == int(sent / 3.0) + 1  # nothing counted yet: units over the starting ratio
+    since = sum(text_units(canonical_json(m)) for m in r.messages[1:3])  # the reply and the result
+    # 100 tokens counted by the endpoint; new content at the cautious ratio (never leaner than 3.0)
+    assert second == 100 + int(since / 3.0) + 1
+
+
+def test_an_unreported_markup_page_is_not_estimated_at_the_prose_ratio():
+    # calibrated on prose (~4.5 units/token); the 144 KB page is still estimated at >= 1 token per 3 units
+    model = ScriptedModel([calls_reply(tool_call("fetch_page", path="p"), usage=(40, 5)), text_reply("ok")])
+    log = RunLog(None)
+    run("Pi is a small coding agent. " * 5, model=model, tools=REG, log=log,
+        executor=Executor(result_cap=None), limits=Limits(max_prompt_tokens=None))
+    second = [e["prompt_estimate"] for e in log.events if e["event"] == "request"][1]
+    assert second > text_units(PAGE) / 3.0 > len(PAGE) / CHARS_PER_TOKEN
 
 
 def test_compaction_can_make_a_long_run_fit():
@@ -141,8 +154,18 @@ def test_compaction_can_make_a_long_run_fit():
     script = [calls_reply(tool_call("fetch_page", path="p", page=n)) for n in range(1, 9)] + [text_reply("ok")]
     for compaction, expected in [(Compaction.off(), StopReason.CONTEXT_OVERFLOW),
                                  (Compaction(keep_turns=2), StopReason.FINAL_ANSWER)]:
-        model = WindowModel(list(script), 2_000)
+        model = WindowModel(list(script), 3_000)
         r = run("t", model=model, tools=pages, log=RunLog(None), compaction=compaction,
-                limits=Limits(context_window=2_000))
+                limits=Limits(context_window=3_000))
         assert r.stop.reason is expected
-        assert all(model._count(q.messages, q.tools) <= 2_000 for q in model.requests)
+        assert all(model._count(q.messages, q.tools) <= 3_000 for q in model.requests)
+
+
+def test_units_weigh_symbols_so_markup_is_not_taken_for_prose():
+    assert text_units("hello world") == 11
+    assert text_units("a1{}") == 4 + 2 * 3
+    assert text_units("é") == 1 + 2 * 2  # two UTF-8 bytes, both non-ASCII
+    css = ".c1{margin:0 3px;padding:2px;color:#123}" * 10
+    prose = "Pi is a small coding agent with four tools and a loop. " * 8
+    # per character, CSS now weighs ~1.7x what prose does (it costs ~2.2x the tokens)
+    assert text_units(css) / len(css) > 1.6 * text_units(prose) / len(prose)

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._json import canonical_json, fingerprint
+from ._tokens import text_units
+from .tools._executor import ResultCache, ToolResult
 
-__all__ = ["Compaction", "OutgoingView", "STUB_PREFIX"]
+__all__ = ["Compaction", "OutgoingView", "ElidedAwareCache", "STUB_PREFIX"]
 
 STUB_PREFIX = "[elided by loopfence"
 
@@ -70,22 +72,25 @@ class OutgoingView:
 
     policy: Compaction = field(default_factory=Compaction)
     messages: list[dict[str, Any]] = field(default_factory=list)
-    chars: int = 0  # canonical JSON characters of `messages`
+    size: int = 0  # `text_units` of the canonical JSON of `messages`
     version: int = 0  # bumps on every change: a cache key for token counts
     elided: int = 0  # results stubbed so far
-    saved_chars: int = 0
+    added: int = 0  # units ever appended (only grows)
+    saved: int = 0  # units removed by stubs (only grows)
+    elided_fps: set[str] = field(default_factory=set)  # fingerprints of contents the model no longer sees
     _sizes: list[int] = field(default_factory=list)
     _turns: list[list[tuple[int, _CallInfo]]] = field(default_factory=list)  # tool messages per turn
     _calls: dict[str, _CallInfo] = field(default_factory=dict)  # the current turn's calls, by id
     _steps: int = 0  # assistant messages seen
     _done: int = 0  # turns already compacted
 
-    def add(self, message: dict[str, Any], chars: int) -> None:
-        """Append one original message (its canonical JSON length given: serialized once)."""
+    def add(self, message: dict[str, Any], size: int) -> None:
+        """Append one original message with its size (text_units of its canonical JSON: measured once)."""
         index = len(self.messages)
         self.messages.append(message)
-        self._sizes.append(chars)
-        self.chars += chars
+        self._sizes.append(size)
+        self.size += size
+        self.added += size
         self.version += 1
         role = message.get("role")
         if role == "assistant":
@@ -101,6 +106,8 @@ class OutgoingView:
                 if self.policy.keep_turns is not None:
                     self._compact_through(len(self._turns) - self.policy.keep_turns)
         elif role == "tool" and self._turns:
+            if self.elided_fps and isinstance(message.get("content"), str):
+                self.elided_fps.discard(fingerprint(message["content"]))  # in sight again
             info = self._calls.get(str(message.get("tool_call_id"))) or _CallInfo("a tool", "", self._steps)
             self._turns[-1].append((index, info))
 
@@ -116,14 +123,32 @@ class OutgoingView:
         content = msg.get("content")
         if not isinstance(content, str) or len(content) < self.policy.min_chars:
             return
-        text = self.policy.stub(info.name, info.arguments, info.step, len(content), fingerprint(content))
+        fp = fingerprint(content)
+        text = self.policy.stub(info.name, info.arguments, info.step, len(content), fp)
         stub = {**msg, "content": text}
-        size = len(canonical_json(stub))
+        size = text_units(canonical_json(stub))
         if size >= self._sizes[index]:
             return
-        self.saved_chars += self._sizes[index] - size
-        self.chars += size - self._sizes[index]
+        self.saved += self._sizes[index] - size
+        self.size += size - self._sizes[index]
         self._sizes[index] = size
         self.messages[index] = stub
+        self.elided_fps.add(fp)
         self.elided += 1
         self.version += 1
+
+
+class ElidedAwareCache(ResultCache):
+    """The read-only cache, less what the view elided: asking again for a result the model can no
+    longer see runs the (read-only) tool again. That is new information for the model, not a
+    no-progress reuse; max_repeats still bounds how often one call may be asked for."""
+
+    def __init__(self, view: OutgoingView) -> None:
+        super().__init__()
+        self.view = view
+
+    def get(self, key: str) -> ToolResult | None:
+        found = super().get(key)
+        if found is not None and self.view.elided_fps and found.fingerprint in self.view.elided_fps:
+            return None
+        return found

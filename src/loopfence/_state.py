@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._compact import Compaction, OutgoingView
+from ._compact import Compaction, ElidedAwareCache, OutgoingView
 from ._json import canonical_json
 from ._limits import Ledger, Limits, Policy
 from ._messages import Reply, Request, ToolCall
-from ._tokens import TokenEstimator
+from ._tokens import TokenEstimator, text_units
 from .tools._executor import ResultCache, ToolResult
 from .tools._registry import Registry
 
@@ -29,7 +29,7 @@ class RunState:
     messages: list[dict[str, Any]] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
     estimator: TokenEstimator = field(default_factory=TokenEstimator)
-    cache: ResultCache = field(default_factory=ResultCache)
+    cache: ResultCache = None  # type: ignore[assignment]  # None: ElidedAwareCache over the view
     pending: list[ToolCall] = field(default_factory=list)  # requested calls still owed a result
     bad_streak: int = 0
     log: Any = None  # the RunLog, so guards and gates can write their own events
@@ -37,17 +37,21 @@ class RunState:
     compaction: Compaction = field(default_factory=Compaction)  # shapes the outgoing view only
     token_counter: Callable[[list[dict[str, Any]], list[dict[str, Any]]], int | None] | None = None
     view: OutgoingView = field(init=False, repr=False)  # what is sent: messages, old results stubbed
-    _estimate: tuple[tuple[int, float], int] = ((-1, 0.0), 0)
+    _estimate: tuple[tuple[Any, ...], int] = ((), 0)
+    _sent: tuple[int, int] = (0, 0)  # (view.added, view.saved) when the last request was built
+    _anchor: tuple[int, int, int] | None = None  # the same at the last request with reported usage, + its tokens
     _chars: int = 0
-    _tools_chars: int = 0
+    _tools_units: int = 0
     _tools_fp: str = ""
-    _last_prompt_chars: int = 0
+    _last_prompt_units: int = 0
 
     def __post_init__(self) -> None:
         tools = canonical_json(self.registry.schemas())
-        self._tools_chars = len(tools)
+        self._tools_units = text_units(tools)
         self._tools_fp = hashlib.sha256(tools.encode()).hexdigest()[:16]
         self.view = OutgoingView(self.compaction)
+        if self.cache is None:
+            self.cache = ElidedAwareCache(self.view)
         old, self.messages = self.messages, []
         for m in old:
             self.append(m)
@@ -73,16 +77,18 @@ class RunState:
         self._chars += len(text)
         self.chain = hashlib.sha256(f"{self.chain}\n{text}".encode()).hexdigest()[:16]
         self.messages.append(message)
-        self.view.add(message, len(text))
+        self.view.add(message, text_units(text))
 
-    def prompt_chars(self) -> int:
-        """Characters of the outgoing prompt (after compaction) plus the tool schemas."""
-        return self.view.chars + self._tools_chars
+    def prompt_units(self) -> int:
+        """Size of the outgoing prompt (after compaction) plus the tool schemas, in `text_units`."""
+        return self.view.size + self._tools_units
 
     def next_prompt_estimate(self) -> int:
         """Tokens of the next (compacted) prompt: the model's own count when it offers one
-        (`count_tokens(messages, tools)`), else characters over the calibrated ratio. Memoized."""
-        key = (self.view.version, self.estimator.chars_per_token)
+        (`count_tokens(messages, tools)`); else the last prompt the endpoint counted plus what came
+        since (new content at a cautious ratio, elided content at the calibrated one); before any
+        count, units over the ratio. Memoized per conversation version."""
+        key = (self.view.version, self.estimator.chars_per_token, self._anchor)
         if self._estimate[0] == key:
             return self._estimate[1]
         counted = None
@@ -91,16 +97,24 @@ class RunState:
                 counted = self.token_counter(self.view.messages, self.registry.schemas())
             except Exception:  # noqa: BLE001 - counting is a courtesy; the estimate still holds
                 counted = None
-        value = counted if isinstance(counted, int) and counted > 0 else \
-            self.estimator.estimate(self.prompt_chars())
+        value = counted if isinstance(counted, int) and counted > 0 else self._estimate_units()
         self._estimate = (key, value)
         return value
+
+    def _estimate_units(self) -> int:
+        if self._anchor is None:
+            return self.estimator.estimate(self.prompt_units())
+        added, saved, tokens = self._anchor
+        new = self.estimator.cautious(self.view.added - added)
+        gone = int((self.view.saved - saved) / self.estimator.chars_per_token)
+        return max(1, tokens + new - gone)
 
     def request_fingerprint(self) -> str:
         return f"{self.chain}:{self._tools_fp}"
 
     def request(self) -> Request:
-        self._last_prompt_chars = self.prompt_chars()
+        self._last_prompt_units = self.prompt_units()
+        self._sent = (self.view.added, self.view.saved)
         return Request(list(self.view.messages), self.registry.schemas(), dict(self.params),
                        self.deadline(), self.ledger.model_requests + 1)
 
@@ -112,9 +126,10 @@ class RunState:
         usage = reply.usage
         prompt = usage.prompt_tokens if usage and usage.prompt_tokens is not None else estimate
         completion = usage.completion_tokens if usage and usage.completion_tokens is not None else \
-            self.estimator.estimate(len(canonical_json(reply.message())))
+            self.estimator.estimate(text_units(canonical_json(reply.message())))
         if usage and usage.prompt_tokens:
-            self.estimator.calibrate(self._last_prompt_chars, usage.prompt_tokens)
+            self.estimator.calibrate(self._last_prompt_units, usage.prompt_tokens)
+            self._anchor = (*self._sent, usage.prompt_tokens)
         self.ledger.prompt_tokens += prompt
         self.ledger.completion_tokens += completion
         self.ledger.per_step.append((prompt, completion))
