@@ -34,6 +34,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--on-bad-call", choices=["fail", "feedback"], default="fail",
                    help="stop on a malformed call (fail, default) or tell the model (feedback)")
     p.add_argument("--quiet", action="store_true", help="no live step lines")
+    p.add_argument("--unsandboxed", action="store_true",
+                   help="run_command WITHOUT the bubblewrap sandbox (explicit opt-out; recorded in the run log)")
 
 
 def build_model(args: argparse.Namespace) -> Model:
@@ -63,9 +65,10 @@ def main(args: argparse.Namespace) -> int:
     model = build_model(args)
     log_path = Path(args.log) if args.log else default_log_path()
     log = RunLog(log_path, listener=None if args.quiet else live_printer())
-    result = run(args.task, model=model, tools=workspace_tools(workspace), limits=limits,
-                 policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,
-                 header={"workspace": str(workspace.resolve())})
+    result = run(args.task, model=model, tools=workspace_tools(workspace, sandbox=not args.unsandboxed),
+                 limits=limits, policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,
+                 header={"workspace": str(workspace.resolve()), "unsandboxed": args.unsandboxed,
+                         "sandbox": "none" if args.unsandboxed else "bubblewrap"})
     print_summary(result)
     reconciled = reconcile_own_log(result.log_path)  # the log must add up; say so
     return 0 if result.verdict is Verdict.SHIP and reconciled else 1

@@ -76,11 +76,15 @@ class CommandLimits:
 
 
 class _Capture:
-    """One output stream: keeps the head, counts the rest, caps with an honest marker."""
+    """One output stream: keeps the head, counts the rest, caps with an honest marker.
+
+    The cap counts characters as they will appear in the JSON result (a quote or a newline costs
+    two), so stdout and stderr together always fit the executor's result cap uncut.
+    """
 
     def __init__(self, chars: int) -> None:
         self.chars = chars
-        self.keep = max(chars * 4, 1024)
+        self.keep = max(chars * 4, 1 << 20)
         self.buf = bytearray()
         self.total = 0
 
@@ -92,12 +96,22 @@ class _Capture:
 
     def text(self) -> str:
         text = self.buf.decode("utf-8", errors="replace")
+        cut = _fit(text, self.chars)
         if self.total <= len(self.buf):
-            if len(text) <= self.chars:
+            if cut == len(text):
                 return text
-            return f"{text[:self.chars]}\n[truncated: {len(text):,} characters, showing the first {self.chars:,}]"
-        return (f"{text[:self.chars]}\n[truncated: {self.total:,} bytes of output, showing the first "
-                f"{min(len(text), self.chars):,} characters]")
+            return f"{text[:cut]}\n[truncated: {len(text):,} characters, showing the first {cut:,}]"
+        return f"{text[:cut]}\n[truncated: {self.total:,} bytes of output, showing the first {cut:,} characters]"
+
+
+def _fit(text: str, budget: int) -> int:
+    """How many leading characters of `text` fit in `budget` characters once JSON-escaped."""
+    used = 0
+    for i, ch in enumerate(text[:budget]):
+        used += 1 if ch >= " " and ch not in "\\\"" else len(json.dumps(ch)) - 2
+        if used > budget:
+            return i
+    return min(len(text), budget)
 
 
 class Shell:
