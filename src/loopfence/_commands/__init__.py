@@ -1,3 +1,3 @@
 """CLI subcommands: one module each, with `add_parser(subparsers)` and `main(args) -> int`."""
 
-COMMANDS = ["run", "drill", "replay", "reconcile", "resume", "export"]  # module names under loopfence._commands, in help order
+COMMANDS = ["run", "drill", "fake_server", "replay", "reconcile", "resume", "export"]  # module names under loopfence._commands, in help order

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ HELP = "run one task through the fenced loop"
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("run", help=HELP, description=(
         "Run TASK through the fenced loop. The model is a --script of chat.completions replies "
-        "(JSONL, the last repeats), or by default the embedded local model (loopfence[local]: "
+        "(JSONL, the last repeats), an OpenAI-compatible endpoint (--base-url or "
+        "$LOOPFENCE_BASE_URL), or by default the embedded local model (loopfence[local]: "
         "SmolLM2-135M in llama.cpp, no server, no key). "
         "Exit code: 0 SHIP (final answer), 1 KILL (any other stop), 2 usage error."))
     p.add_argument("task", help="the task given to the model as the user message")
@@ -34,6 +36,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--on-bad-call", choices=["fail", "feedback"], default="fail",
                    help="stop on a malformed call (fail, default) or tell the model (feedback)")
     p.add_argument("--quiet", action="store_true", help="no live step lines")
+    http = p.add_argument_group("OpenAI-compatible endpoint (instead of --script or the embedded model)")
+    http.add_argument("--base-url", metavar="URL",
+                      help="e.g. http://127.0.0.1:8080/v1 (default: $LOOPFENCE_BASE_URL)")
+    http.add_argument("--model", metavar="NAME", help="model name sent (default: $LOOPFENCE_MODEL)")
+    http.add_argument("--api-key", metavar="KEY", help="bearer key (default: $LOOPFENCE_API_KEY, then "
+                      "$OPENAI_API_KEY; prefer the variables: a flag shows in the process list)")
+    http.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
     p.add_argument("--unsandboxed", action="store_true",
                    help="run_command WITHOUT the bubblewrap sandbox (explicit opt-out; recorded in the run log)")
 
@@ -43,6 +52,13 @@ def build_model(args: argparse.Namespace) -> Model:
         try:
             return ScriptedModel(load_script(args.script))
         except ScriptError as exc:
+            raise UsageError(str(exc)) from None
+    if args.base_url or os.environ.get("LOOPFENCE_BASE_URL"):
+        from ..models._openai import OpenAIModel
+
+        try:
+            return OpenAIModel.from_env(args.base_url, args.model, args.api_key, stream=args.stream)
+        except ValueError as exc:
             raise UsageError(str(exc)) from None
     return _local_model()
 

@@ -1,5 +1,7 @@
-"""Test helpers that ship with the package (builders; the pytest plugin and fake server join later)."""
+"""Test helpers that ship with the package: builders and a real loopback fake server."""
 
 from ._builders import calls_reply, text_reply, tool_call
+from ._fakeserver import FAULTS, FakeServer, FormError, load_forms, overflow_body
 
-__all__ = ["calls_reply", "text_reply", "tool_call"]
+__all__ = ["FAULTS", "FakeServer", "FormError", "calls_reply", "load_forms", "overflow_body", "text_reply",
+           "tool_call"]

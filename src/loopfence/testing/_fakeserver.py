@@ -1,0 +1,259 @@
+"""FakeServer: a real OpenAI-compatible HTTP server on 127.0.0.1 that serves scripted replies.
+
+    with FakeServer([calls_reply(tool_call("read_file", path="a.txt")), text_reply("done")]) as srv:
+        model = OpenAIModel(srv.base_url, "fake")      # srv.base_url == "http://127.0.0.1:PORT/v1"
+        ...
+        srv.requests   # the JSON bodies received, in order
+
+`POST .../chat/completions` gets the scripted replies in order; the last one repeats. `GET
+.../models` lists one model, "fake". Standard library only (ThreadingHTTPServer in a thread).
+
+Reply forms (JSON objects; the drill's scenario files and `loopfence fake-server` use the same):
+
+  {"choices": [...], ...}              a chat.completions response object: HTTP 200 JSON; when the
+                                       request asked for `stream: true`, it is sent as SSE chunks
+                                       instead (role, content, each call with its arguments in two
+                                       fragments, finish_reason, usage, [DONE])
+  {"chunks": [chunk, ...], "done": true}
+                                       text/event-stream: one `data:` event per chunk (a chunk that
+                                       is a string is sent verbatim, e.g. broken JSON), then
+                                       `data: [DONE]` unless "done" is false. Sent as SSE whether
+                                       or not the request asked to stream (clients read by
+                                       Content-Type, as with real servers that ignore `stream`)
+  {"sse": "<raw body>"}                a raw text/event-stream body, byte for byte
+  {"status": 429, "body": {...} | "text", "headers": {"Retry-After": "1"}}
+                                       an HTTP error (or any status) with that body and headers
+
+Faults ({"fault": NAME, ...}; the reply a fault disturbs is given inline as "chunks"/"sse" or as
+"reply": <any form above>):
+
+  slow_stream     "delay_s" (0.2) before every event (a read timeout shorter than it trips);
+                  for a JSON body, once between the headers and the body
+  stall           "delay_s" (1.0) before the response headers, then "reply" (a text reply)
+  reset           sends "after" events (half, at least 1), then a TCP reset (RST) mid-stream;
+                  for a JSON body, half the bytes then the reset
+  truncated       Content-Length of the whole body, sends the first "at" fraction (0.5), closes
+  missing_done    the chunks without the final [DONE]
+  empty_stream    HTTP 200 text/event-stream with an empty body (llama-cpp-python's answer to a
+                  streaming request with tool_choice "auto")
+  error_event     "chunks" (may be empty) then `event: error` with "body" (a server error)
+  close           closes the connection without sending a response
+  rate_limit      HTTP 429 with `Retry-After: "retry_after"` (1) and an OpenAI-shaped body
+  server_error    HTTP "status" (500) with an error body
+  invalid_json    HTTP 200 application/json whose body ("body", default '{"choices": [') is not JSON
+  overflow        HTTP 400 context overflow in "shape": "llama.cpp" | "openai" | "vllm" (wrapped)
+                  | "vllm_flat", with "n_prompt_tokens" (5000) and "n_ctx" (4096)
+  tool_use_failed HTTP 400 `tool_use_failed` (Groq) with "failed_generation" and "message"
+  empty_choices   HTTP 200 with `choices: []` (as SSE chunks + [DONE] when the request streams)
+  anonymous_call  a tool call ("name", "arguments") without id or index (streamed or not, as asked)
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ._replyforms import FAULTS, FormError, Plan, load_forms, overflow_body, render, response_to_chunks, validate_form
+
+__all__ = ["FakeServer", "FAULTS", "FormError", "load_forms", "overflow_body", "response_to_chunks",
+           "validate_form"]
+
+
+class FakeServer:
+    """Scripted replies over real HTTP on 127.0.0.1. A context manager; `start()`/`close()` also work."""
+
+    def __init__(self, replies: Sequence[dict[str, Any]], *, port: int = 0, host: str = "127.0.0.1") -> None:
+        if not replies:
+            raise FormError("FakeServer needs at least one reply form")
+        for i, form in enumerate(replies, 1):
+            try:
+                validate_form(form)
+            except FormError as exc:
+                raise FormError(f"reply {i}: {exc}") from None
+        self.replies = list(replies)
+        self.requests: list[dict[str, Any]] = []  # JSON bodies received by chat/completions
+        self.headers: list[dict[str, str]] = []  # their request headers (lower-case names)
+        self._host, self._port = host, port
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("the fake server is not running")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self._host}:{self.port}/v1"
+
+    @property
+    def served(self) -> int:
+        return len(self.requests)
+
+    def start(self) -> FakeServer:
+        handler = type("Handler", (_Handler,), {"fake": self})
+        httpd = ThreadingHTTPServer((self._host, self._port), handler)
+        httpd.daemon_threads = True
+        httpd.block_on_close = False
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="loopfence-fake-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _next(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        with self._lock:
+            i = len(self.requests)
+            self.requests.append(body)
+            self.headers.append(headers)
+            return self.replies[min(i, len(self.replies) - 1)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    fake: FakeServer  # set on the per-server subclass
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        return
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path.rstrip("/").endswith("/models"):
+            self._send(Plan(200, {"Content-Type": "application/json"}, [json.dumps(
+                {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "loopfence"}]}).encode()]))
+        else:
+            self._not_found()
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not self.path.split("?")[0].rstrip("/").endswith("/chat/completions"):
+            self._not_found()
+            return
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = {"_unparseable": raw.decode("utf-8", "replace")}
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        form = self.fake._next(body if isinstance(body, dict) else {"_body": body}, headers)
+        streaming = isinstance(body, dict) and body.get("stream") is True
+        self._send(render(form, streaming))
+
+    def _not_found(self) -> None:
+        self._send(Plan(404, {"Content-Type": "application/json"},
+                        [json.dumps({"error": {"message": f"no route {self.path}", "code": 404}}).encode()]))
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep unless the server is stopping; False when it is."""
+        return not (seconds > 0 and self.fake._stopping.wait(seconds))
+
+    def _send(self, plan: Plan) -> None:
+        try:
+            self._deliver(plan)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError):
+            self.close_connection = True  # the client went away: nothing more to do
+
+    def _deliver(self, plan: Plan) -> None:
+        if plan.close:
+            self._reset(graceful=True)
+            return
+        if not self._wait(plan.stall_s):
+            return
+        body = b"".join(plan.parts)
+        self.send_response(plan.status)
+        for k, v in plan.headers.items():
+            self.send_header(k, v)
+        if plan.truncate_at is not None:
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body[: int(len(body) * plan.truncate_at)])
+            self.wfile.flush()
+            self._reset(graceful=True)
+            return
+        if not plan.stream:
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.flush()
+            if not self._wait(plan.delay_s):
+                return
+            if plan.reset_after is not None:  # half the body, then a reset
+                self.wfile.write(body[: len(body) // 2])
+                self._reset(graceful=False)
+                return
+            self.wfile.write(body)
+            return
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        for n, part in enumerate(plan.parts):
+            if plan.reset_after is not None and n >= plan.reset_after:
+                self._reset(graceful=False)
+                return
+            if not self._wait(plan.delay_s):
+                return
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.flush()
+        if plan.reset_after is not None and plan.reset_after >= len(plan.parts) and plan.parts:
+            self._reset(graceful=False)
+            return
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _reset(self, graceful: bool) -> None:
+        """Close the connection now: a FIN (graceful) or a TCP reset (RST)."""
+        self.close_connection = True
+        try:
+            self.wfile.flush()
+        except OSError:
+            pass
+        sock = self.connection
+        try:
+            if graceful:
+                sock.shutdown(socket.SHUT_RDWR)
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        for f in (self.wfile, self.rfile):  # the descriptor closes (and the RST goes) with the last one
+            try:
+                f.close()
+            except (OSError, ValueError):
+                pass
+        sock.close()
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (OSError, ValueError):  # a connection we reset or the client dropped
+            pass
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        except (OSError, ValueError):
+            pass
