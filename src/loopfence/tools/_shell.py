@@ -24,11 +24,9 @@ import json
 import math
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ._reap import MARKER_ENV, exited, kill_tree
+from ._sandbox import sandbox_prefix
 
 __all__ = ["CommandLimits", "Shell"]
 
@@ -137,7 +136,7 @@ class Shell:
         timeout = min(float(timeout_s), self.max_timeout_s)
         marker = uuid.uuid4().hex
         if self.sandbox:
-            prefix = self._sandbox_prefix(marker)
+            prefix = sandbox_prefix(self.root, marker)
             if isinstance(prefix, dict):
                 return prefix
             argv, env = [*prefix, "/bin/sh", "-c", command], _minimal_env()
@@ -152,18 +151,8 @@ class Shell:
 
     def sandbox_status(self) -> str | None:
         """None when the sandbox can start here, else why not."""
-        found = self._sandbox_prefix("probe")
+        found = sandbox_prefix(self.root, "probe")
         return None if isinstance(found, list) else str(found["message"])
-
-    # ------------------------------------------------------------------ sandbox
-    def _sandbox_prefix(self, marker: str) -> list[str] | dict[str, Any]:
-        bwrap = shutil.which("bwrap")
-        if bwrap is None:
-            return _unavailable("bubblewrap (bwrap) is not installed")
-        problem = _probe(bwrap, self.root)
-        if problem:
-            return _unavailable(problem)
-        return [*_bwrap_args(bwrap, self.root), "--setenv", MARKER_ENV, marker, "--"]
 
     # ------------------------------------------------------------------ execution
     def _execute(self, argv: list[str], env: dict[str, str], marker: str, timeout: float) -> dict[str, Any]:
@@ -173,7 +162,7 @@ class Shell:
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             return _error("command_failed_to_start", f"{type(exc).__name__}: {exc}")
-        _LIVE.add(proc)
+        _track(proc)
         out, err = _Capture(self.output_chars), _Capture(self.output_chars)
         sel = selectors.DefaultSelector()
         for stream, sink in ((proc.stdout, out), (proc.stderr, err)):
@@ -252,55 +241,22 @@ def _error(kind: str, message: str) -> dict[str, Any]:
     return {"ok": False, "error": kind, "message": message}
 
 
-def _unavailable(why: str) -> dict[str, Any]:
-    return {"ok": False, "error": "sandbox_unavailable", "message": (
-        f"run_command needs its sandbox and it cannot start: {why}. Nothing was run (fail closed)."),
-        "hint": "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or opt out explicitly "
-                "with `loopfence run --unsandboxed` / workspace_tools(..., sandbox=False)"}
-
-
 def _minimal_env() -> dict[str, str]:
+    """The launcher's environment in sandbox mode (bwrap then clears it and sets its own)."""
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
-def _bwrap_args(bwrap: str, root: Path) -> list[str]:
-    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--bind", str(root), str(root), "--remount-ro", "/", "--chdir", str(root),
-             "--hostname", "sandbox", "--clearenv",
-             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", str(root),
-             "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp"]
-    return args
-
-
-_PROBED: dict[tuple[str, str], str | None] = {}
-_PROBE_LOCK = threading.Lock()
-
-
-def _probe(bwrap: str, root: Path) -> str | None:
-    """Can this bwrap start a sandbox on this root? Cached; None means yes."""
-    key = (bwrap, str(root))
-    with _PROBE_LOCK:
-        if key not in _PROBED:
-            try:
-                done = subprocess.run([*_bwrap_args(bwrap, root), "--", "/bin/sh", "-c", "exit 0"],
-                                      stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
-                _PROBED[key] = None if done.returncode == 0 else \
-                    f"bwrap failed (exit {done.returncode}): {done.stderr.decode(errors='replace').strip()[:300]}"
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                _PROBED[key] = f"bwrap failed: {type(exc).__name__}: {exc}"
-        return _PROBED[key]
-
-
 _LIVE: set[subprocess.Popen[bytes]] = set()
+_HOOKED: list[bool] = []
 
 
-@atexit.register
+def _track(proc: subprocess.Popen[bytes]) -> None:
+    if not _HOOKED:  # registered on first use: importing the module has no side effects
+        _HOOKED.append(True)
+        atexit.register(_kill_live)
+    _LIVE.add(proc)
+
+
 def _kill_live() -> None:
     """Interpreter exit: no command outlives loopfence."""
     for proc in list(_LIVE):
