@@ -5,6 +5,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 BASE   := $(VENV)/.base-installed
 LOCAL  := $(VENV)/.local-installed
+BENCH_VENV := bench/.venv
+BENCH  := $(BENCH_VENV)/.installed
 # llama.cpp built with native flags segfaulted on these machines; these portable flags work.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
@@ -49,8 +51,15 @@ test: $(LOCAL) sandbox
 test-fast: $(BASE) sandbox
 	$(PY) -m pytest -m "not slow and not local_model"
 
-bench: $(LOCAL)
-	$(PY) bench/run.py
+# Benchmarks: the peers (bench/requirements.txt) go into their own venv, never into loopfence's.
+$(BENCH): pyproject.toml bench/requirements.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q -e . -r bench/requirements.txt
+	touch $@
+
+bench: $(BENCH)
+	$(BENCH_VENV)/bin/python bench/run.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

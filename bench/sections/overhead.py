@@ -1,0 +1,93 @@
+"""3. Overhead per step: a scripted model calling a no-op tool with fresh arguments for N steps.
+
+Each framework's step limits are lifted (nothing else changes); loopfence keeps its guards and writes
+its run log to a real file. Timed: the run only (agents and tools are built before the clock starts).
+Per step = run time / N; the median of REPS runs. Peak memory: tracemalloc's peak during one
+untimed run at the largest N.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+import tracemalloc
+from types import ModuleType
+from typing import Any
+
+from ..common import CAP, Workspace, quiet
+from ..report import Section, table
+from ..scripts import overhead_script
+from . import profile
+
+TITLE = "Overhead per step"
+GOAL_US = 150
+GOAL_MIB = 60
+FULL = {"ns": (50, 200, 1000), "reps": 5}
+QUICK = {"ns": (10, 50), "reps": 2}
+
+
+def time_run(fw: ModuleType, n: int, **options: Any) -> float:
+    """Seconds for one n-step run (the run only)."""
+    with Workspace() as ws, quiet():
+        go = fw.prepare(overhead_script(n), ws, cap=CAP, unbounded=True, **options)
+        gc.collect()
+        start = time.perf_counter()
+        outcome = go()
+        elapsed = time.perf_counter() - start
+    if outcome.executions != n or not outcome.answered:
+        raise RuntimeError(f"{fw.NAME} overhead run of {n} steps did not complete: {outcome}")
+    return elapsed
+
+
+def peak_mib(fw: ModuleType, n: int, **options: Any) -> float:
+    with Workspace() as ws, quiet():
+        go = fw.prepare(overhead_script(n), ws, cap=CAP, unbounded=True, **options)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            go()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    return peak / 2**20
+
+
+def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
+    cfg = QUICK if quick else FULL
+    ns, reps = cfg["ns"], cfg["reps"]
+    variants = [(name, fw, {}) for name, fw in frameworks.items()]
+    if "loopfence" in frameworks:  # diagnostic: the same ring with tools run inline (no thread)
+        variants.insert(1, ("loopfence_inline", frameworks["loopfence"], {"inline_tools": True}))
+    per_step: dict[str, dict[int, float]] = {}
+    peaks: dict[str, float] = {}
+    for name, fw, options in variants:
+        time_run(fw, ns[0], **options)  # warm-up: imports and lazy set-up are not per-step costs
+        per_step[name] = {n: statistics.median(time_run(fw, n, **options) for _ in range(reps)) / n * 1e6
+                          for n in ns}
+        peaks[name] = peak_mib(fw, ns[-1], **options)
+    rows = [[_label(frameworks, name), *(f"{per_step[name][n]:,.0f}" for n in ns),
+             f"{per_step[name][ns[-1]] / per_step[name][ns[0]]:.2f}x", f"{peaks[name]:.1f}"]
+            for name, _, _ in variants]
+    parts = [
+        f"Median µs per step over {reps} runs ({', '.join(map(str, ns))} steps), in one process; "
+        f"peak Python memory (tracemalloc) during a {ns[-1]:,}-step run. Goal for loopfence: at most "
+        f"{GOAL_US} µs per step, flat in N; at most {GOAL_MIB} MiB at 1,000 steps.",
+        table(["framework", *(f"µs/step @{n}" for n in ns), f"growth {ns[0]}→{ns[-1]}",
+               f"peak MiB @{ns[-1]}"], rows),
+        "`loopfence (tools inline)` is a diagnostic, not a default: `tool_timeout_s=None` and "
+        "`max_wall_seconds=None`, so the executor calls the tool directly instead of starting a "
+        "thread per execution.",
+    ]
+    data: dict[str, Any] = {"ns": list(ns), "reps": reps, "per_step_us": per_step, "peak_mib": peaks}
+    if "loopfence" in frameworks:
+        prof = profile.loopfence_profile(frameworks["loopfence"], ns[-1])
+        if prof:
+            parts += [f"pyinstrument profile of one {ns[-1]:,}-step loopfence run (default limits "
+                      "lifted as above):", "```\n" + prof + "\n```"]
+            data["profile"] = prof
+    return Section(TITLE, "\n\n".join(parts), data)
+
+
+def _label(frameworks: dict[str, ModuleType], name: str) -> str:
+    return "loopfence (tools inline)" if name == "loopfence_inline" else frameworks[name].NAME

@@ -1,0 +1,68 @@
+"""The benchmarks run (quick mode, loopfence's parts; peers only where installed) and loopfence's
+behaviour in them is what the bench claims. No timing assertions: machines are noisy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "bench" / "run.py"
+MINIMUM = {"retry_storm": 1, "duplicate_args": 1, "ok_forever": 3, "unknown_tool": 0, "truncated_json": 0}
+
+
+def _bench(tmp_path: Path, *args: str) -> tuple[str, dict]:
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, str(RUN), "--quick", "--json", str(out), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, json.loads(out.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    return _bench(tmp_path_factory.mktemp("bench"), "--frameworks", "loopfence")
+
+
+def test_waste_is_at_the_rules_minimum(quick: tuple[str, dict]) -> None:
+    results = quick[1]["Waste on runaway scripts"]["results"]["loopfence"]
+    assert {name: r["executions"] for name, r in results.items()} == MINIMUM
+    assert results["truncated_json"]["ended"].startswith("invalid_json")
+    assert results["unknown_tool"]["ended"].startswith("unknown_tool")
+
+
+def test_no_false_stops(quick: tuple[str, dict]) -> None:
+    results = quick[1]["No false stops"]["results"]["loopfence"]
+    assert set(results) == {"polling_8", "paging_5", "retry_changed_args"}
+    assert all(r["answer"] for r in results.values()), results
+
+
+def test_overhead_stream_and_concurrency_report_numbers(quick: tuple[str, dict]) -> None:
+    report, data = quick
+    per_step = data["Overhead per step"]["per_step_us"]["loopfence"]
+    assert all(v > 0 for v in per_step.values())
+    assert data["Stream assembly"]["loopfence_s"]["sse"] > 0
+    for level in data["Concurrency"].values():
+        assert level["answered"] >= level["runs"]
+        assert level["harness_us"] > 0
+    for title in ("## Waste on runaway scripts", "## No false stops", "## Overhead per step",
+                  "## Stream assembly", "## Concurrency", "| loopfence |"):
+        assert title in report
+
+
+def test_peers_are_run_or_reported_missing(tmp_path: Path) -> None:
+    report, data = _bench(tmp_path, "--only", "false_stops")
+    results = data["No false stops"]["results"]
+    for peer, dist in (("pydantic_ai", "pydantic-ai"), ("agents_sdk", "openai-agents"),
+                       ("langchain", "langchain"), ("smolagents", "smolagents")):
+        assert peer in results or "not installed" in report, (peer, dist)
+
+
+def test_unknown_section_is_a_usage_error() -> None:
+    proc = subprocess.run([sys.executable, str(RUN), "--only", "nope"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0 and "unknown 'nope'" in proc.stderr
