@@ -58,6 +58,17 @@ def test_no_tools_means_no_tool_choice_and_no_key_means_no_authorization():
         assert "authorization" not in srv.headers[0]
 
 
+def test_assistant_null_content_is_sent_as_empty_string_without_touching_the_run():
+    calls = [{"id": "c", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "c", "content": "x"}]
+    with FakeServer([OK]) as srv, model(srv) as m:
+        m.complete(Request(messages, TOOLS, {}))
+        sent = srv.requests[0]["messages"]
+    assert sent[1] == {"role": "assistant", "content": "", "tool_calls": calls}
+    assert messages[1]["content"] is None and sent[0] == messages[0] and sent[2] == messages[2]
+
+
 def test_base_url_forms():
     assert OpenAIModel("http://h:1/v1/chat/completions/").url == "http://h:1/v1/chat/completions"
     assert OpenAIModel("http://h:1/v1/").url == "http://h:1/v1/chat/completions"

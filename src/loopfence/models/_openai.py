@@ -161,13 +161,14 @@ class OpenAIModel:
                 time.sleep(delay)
 
     def body(self, request: Request) -> dict[str, Any]:
-        """The JSON body sent for `request` (params may not override model, messages, tools, stream)."""
+        """The JSON body sent for `request` (params may not override model, messages, tools, stream).
+        The run's messages are not changed; an assistant `content: null` is sent as ""."""
         body = {**self.extra_params, **request.params}
         for k in _OURS:
             body.pop(k, None)
         if self.model:
             body["model"] = self.model
-        body["messages"] = request.messages
+        body["messages"] = [_outgoing(m) for m in request.messages]
         if request.tools:
             body["tools"] = request.tools
             if self.tool_choice is not None:
@@ -312,6 +313,14 @@ class OpenAIModel:
                             "(max_wall_seconds)")
         raise StopError(StopReason.ENDPOINT_ERROR, f"{what} took longer than request_timeout="
                         f"{self.request_timeout:g}s", request_timeout=self.request_timeout)
+
+
+def _outgoing(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as sent: an assistant message's null content goes as "" (llama-cpp-python's server
+    answers HTTP 500 to null, and its template fails without the key; OpenAI and vLLM take "")."""
+    if message.get("role") == "assistant" and message.get("content") is None:
+        return {**message, "content": ""}
+    return message
 
 
 def _abandon(ex: _Exchange) -> None:
