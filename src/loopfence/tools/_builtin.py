@@ -33,7 +33,7 @@ BUILTIN_NAMES = ("read_file", "list_dir", "write_file", "apply_patch", "run_comm
 def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, sandbox: bool = True,
                     untrusted_globs: Iterable[str] | None = None, page_chars: int = PAGE_CHARS,
                     result_cap: int | None = DEFAULT_RESULT_CAP, command_limits: CommandLimits | None = None,
-                    max_command_timeout_s: float = 600.0) -> list[Tool]:
+                    max_command_timeout_s: float = 300.0) -> list[Tool]:
     """The built-in tools bound to one workspace folder (all of them, or those in `names`).
 
     sandbox: run_command inside bubblewrap (default); False is the explicit, logged opt-out.

@@ -117,7 +117,7 @@ class Shell:
     """Runs commands for one workspace. Thread-safe; each call is independent."""
 
     def __init__(self, root: Path, *, sandbox: bool = True, limits: CommandLimits | None = None,
-                 output_chars: int = 6_000, max_timeout_s: float = 600.0, kill_grace_s: float = 0.5) -> None:
+                 output_chars: int = 6_000, max_timeout_s: float = 300.0, kill_grace_s: float = 0.5) -> None:
         self.root = Path(root)
         self.sandbox = sandbox
         self.limits = limits or CommandLimits()
@@ -169,6 +169,7 @@ class Shell:
             assert stream is not None
             os.set_blocking(stream.fileno(), False)
             sel.register(stream.fileno(), selectors.EVENT_READ, sink)
+        code: int | None = None
         try:
             timed_out = not _pump(sel, start + timeout, lambda: exited(proc.pid))
             if not timed_out:  # output written before the exit; leftovers may hold the pipes open
@@ -177,6 +178,9 @@ class Shell:
             _pump(sel, time.monotonic() + 1.0, lambda: not sel.get_map())
             code = proc.wait()
         finally:
+            if code is None:  # interrupted (e.g. Ctrl-C): the command must not outlive us
+                kill_tree(proc.pid, marker, 0.0)
+                proc.wait()
             sel.close()
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
