@@ -188,7 +188,8 @@ class PlaybackLog(RunLog):
         expected = self.rec.peek()
         got, want = comparable(record), comparable(expected.raw) if expected else None
         if got != want:
-            d = Divergence(self.step(), expected.line if expected else 0,
+            step = fields.get("step")
+            d = Divergence(step if isinstance(step, int) else self.step(), expected.line if expected else 0,
                            _what(event, expected), want, got)
             if not self.what_if:
                 raise Diverged(d)
@@ -269,12 +270,14 @@ class PlaybackModel:
 
 
 class PlaybackExecutor(Executor):
-    """Recorded results for recorded tools; `live` runs real tools (resume, --execute-tools)."""
+    """Recorded results while playing back; `live` runs real tools once live (resume), or also while
+    playing back when `rerun` (replay --execute-tools: real tools, compared with the recording)."""
 
-    def __init__(self, log: PlaybackLog, live: Executor | None = None) -> None:
+    def __init__(self, log: PlaybackLog, live: Executor | None = None, *, rerun: bool = False) -> None:
         super().__init__(None)
         self.log = log
         self.live = live
+        self.rerun = rerun
         self.ran: list[str] = []  # tools that really ran
         self.unknown: list[str] = []  # tool_call_ids answered with outcome_unknown
 
@@ -288,7 +291,7 @@ class PlaybackExecutor(Executor):
             return self._run(t, args, timeout_s)
         nxt = None if log.detached else log.rec.peek()
         if isinstance(nxt, ResultEvent) and nxt.decision == "executed":
-            if isinstance(t.fn, RecordedFn) or nxt.error == "outcome_unknown":
+            if not self.rerun or isinstance(t.fn, RecordedFn) or nxt.error == "outcome_unknown":
                 stop = log.rec.stop
                 violation = stop.detail if stop is not None and stop.reason == "schema_mismatch" and \
                     log.rec.pos == log.rec.settled else None

@@ -14,10 +14,10 @@ from .._gate import ApprovalHook, UntrustedGate, approve_all, approver, deny_all
 from .._limits import Limits, Policy
 from ..models._base import Model
 from ..tools._registry import Registry, Tool
-from ._events import Header, LogError, ToolSpec
+from ._events import Event, Header, LogError, ToolSpec
 
 __all__ = ["RecordedFn", "recorded_tool", "limits_of", "policy_of", "compaction_of", "gate_of",
-           "messages_of", "registry_of", "check_tools", "model_of", "ModelRebuildError", "live_approval"]
+           "messages_of", "registry_of", "check_tools", "model_of", "ModelRebuildError", "live_approval", "gated_names"]
 
 
 class ModelRebuildError(ValueError):
@@ -34,9 +34,10 @@ class RecordedFn:
         raise RuntimeError(f"{self.name} is a recorded tool: its results come from the run log")
 
 
-def recorded_tool(spec: ToolSpec) -> Tool:
+def recorded_tool(spec: ToolSpec, privileged: bool = False) -> Tool:
     return Tool.from_schema(spec.name, RecordedFn(spec.name), spec.parameters,
-                            description=spec.description, kind=spec.kind, untrusted=spec.untrusted)
+                            description=spec.description, kind=spec.kind, untrusted=spec.untrusted,
+                            privileged=privileged)
 
 
 def limits_of(h: Header, path: str, overrides: Mapping[str, Any] | None = None) -> Limits:
@@ -95,10 +96,19 @@ def messages_of(h: Header) -> list[dict[str, Any]]:
         [{"role": "user", "content": h.task}]
 
 
-def registry_of(h: Header, live: Iterable[Tool] = ()) -> Registry:
-    """One tool per recorded spec, in the recorded order: the live one where given, else recorded."""
+def registry_of(h: Header, live: Iterable[Tool] = (), privileged: Iterable[str] = ()) -> Registry:
+    """One tool per recorded spec, in the recorded order: the live one where given, else recorded.
+    `privileged`: recorded tools the gate treated as privileged (the header does not say; the
+    gate's events do)."""
     by_name = {t.name: t for t in live}
-    return Registry([by_name.get(s.name) or recorded_tool(s) for s in h.tools])
+    gated = set(privileged)
+    return Registry([by_name.get(s.name) or recorded_tool(s, s.name in gated) for s in h.tools])
+
+
+def gated_names(events: Iterable[Event]) -> set[str]:
+    """Tools the untrusted-content gate judged privileged: it logs every call it lets through or not."""
+    return {str(e.raw.get("name")) for e in events
+            if e.kind == "gate" and e.raw.get("decision") in ("allowed", "approved", "refused")}
 
 
 def check_tools(h: Header, path: str, tools: Iterable[Tool]) -> Registry:

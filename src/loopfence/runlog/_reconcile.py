@@ -266,7 +266,7 @@ def _overwritten(log: RunLogFile, turns: list[_Turn]) -> Check:
         if check_reply(r, registry, max_tokens).incomplete:
             continue
         i = events.index(t.reply)
-        nxt = events[i + 1] if i + 1 < len(events) else None
+        nxt = next((e for e in events[i + 1:] if e.kind != "resume"), None)  # a crash may sit between
         if not isinstance(nxt, StopEvent):
             what = f"{nxt.kind} at line {nxt.line}" if nxt else "nothing (no stop)"
             return Check("no_overwritten_answer", False, f"a final answer at line {t.reply.line} (step "

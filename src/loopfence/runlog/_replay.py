@@ -26,7 +26,8 @@ from ._events import LogError, StopEvent
 from ._playback import (Diverged, Divergence, PlaybackApproval, PlaybackExecutor, PlaybackLog,
                         PlaybackModel, RecordingEnded, Recording)
 from ._reader import RunLogFile, read_log
-from ._rebuild import (compaction_of, gate_of, limits_of, messages_of, policy_of, registry_of)
+from ._rebuild import (compaction_of, gate_of, gated_names, limits_of, messages_of, policy_of,
+                       registry_of)
 
 __all__ = ["replay", "ReplayReport"]
 
@@ -97,13 +98,13 @@ def replay(path: str | Path | RunLogFile, *, limits: Mapping[str, Any] | None = 
     if execute_tools and not live_tools:
         workdir, live_tools = _workspace_tools(log)
     try:
-        registry = registry_of(h, [t for t in live_tools if _same_schema(h, t)])
+        registry = registry_of(h, [t for t in live_tools if _same_schema(h, t)], gated_names(log.events))
         real = any(any(t is x for x in live_tools) for t in registry)
         state = new_state(registry, limits_of(h, log.path, overrides), policy_of(h, log.path),
                           h.params, messages_of(h), compaction_of(h, log.path))
         plog = PlaybackLog(Recording(log.events), state, what_if=bool(overrides))
         gate = gate_of(h, log.path, PlaybackApproval(plog))
-        executor = PlaybackExecutor(plog, Executor() if real else None)
+        executor = PlaybackExecutor(plog, Executor() if real else None, rerun=real)
         try:
             result = drive(state, PlaybackModel(plog), plog, default_guards(state.limits, guards, gate),
                            executor)

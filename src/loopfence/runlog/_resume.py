@@ -75,7 +75,10 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
     if log.stop is not None:
         return ResumeOutcome(p, log.stop, None, last_line, 0, ())
     h = log.header
-    registry = check_tools(h, p, _workspace_tools(log) if tools is None else tools)
+    try:
+        registry = check_tools(h, p, _workspace_tools(log) if tools is None else tools)
+    except LogError as exc:
+        raise ResumeError(exc.path, exc.line, exc.message) from None
     try:
         live_model = model or model_of(h, len(log.of("reply")))
     except ValueError as exc:
