@@ -222,3 +222,20 @@ def test_resume_cli_after_sigkill(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert outcome.outcome_unknown and outcome.result is not None
     assert outcome.result.stop.reason is StopReason.FINAL_ANSWER
     check_no_double_effects(log, counter.read_text().splitlines())
+
+
+def test_the_recorded_tool_options_are_rebuilt(tmp_path: Path) -> None:
+    """Files marked untrusted by glob at `loopfence run` stay untrusted when resumed and replayed."""
+    from loopfence import RunLog, ScriptedModel, run, workspace_tools
+    ws = make_workspace(tmp_path)
+    full = tmp_path / "full.jsonl"
+    run("Read app/config.py", model=ScriptedModel(config_script()),
+        tools=workspace_tools(ws, untrusted_globs=["app/**"]), log=RunLog(full),
+        header={"workspace": str(ws), "untrusted_globs": ["app/**"], "unsandboxed": False})
+    events = read_lines(full)
+    assert any(e["event"] == "gate" and e["decision"] == "tainted" for e in events)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(json.dumps(e) + "\n" for e in events[:6]))
+    outcome = resume(cut)
+    assert outcome.result is not None and _ledger(cut) == _ledger(full)
+    assert replay(cut, execute_tools=True).ok

@@ -10,7 +10,6 @@ from .._stops import Verdict
 from ..runlog._events import LogError
 from ..runlog._rebuild import ModelRebuildError
 from ..runlog._resume import resume
-from ..tools import workspace_tools
 from ._common import UsageError, live_printer, print_summary, stderr
 from .reconcile import reconcile_own_log
 
@@ -34,13 +33,10 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    tools = None
-    if args.workspace:
-        if not Path(args.workspace).is_dir():
-            raise UsageError(f"--workspace {args.workspace}: not a folder")
-        tools = workspace_tools(args.workspace)
+    if args.workspace and not Path(args.workspace).is_dir():
+        raise UsageError(f"--workspace {args.workspace}: not a folder")
     try:
-        outcome = resume(args.log, tools=tools, listener=None if args.quiet else live_printer())
+        outcome = resume(args.log, workspace=args.workspace, listener=None if args.quiet else live_printer())
     except (LogError, ModelRebuildError) as exc:
         raise UsageError(str(exc)) from None
     for line in outcome.lines():

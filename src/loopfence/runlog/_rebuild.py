@@ -17,7 +17,8 @@ from ..tools._registry import Registry, Tool
 from ._events import Event, Header, LogError, ToolSpec
 
 __all__ = ["RecordedFn", "recorded_tool", "limits_of", "policy_of", "compaction_of", "gate_of",
-           "messages_of", "registry_of", "check_tools", "model_of", "ModelRebuildError", "live_approval", "gated_names"]
+           "messages_of", "registry_of", "check_tools", "model_of", "ModelRebuildError", "live_approval", "gated_names",
+           "workspace_tools_of"]
 
 
 class ModelRebuildError(ValueError):
@@ -173,3 +174,16 @@ def _local(d: dict[str, Any], served: int) -> Model:
 
     options = {k: d[k] for k in ("chat_format", "n_ctx", "seed", "temperature", "max_tokens") if k in d}
     return LocalModel(**options)
+
+
+def workspace_tools_of(h: Header, path: str, root: str | None = None) -> list[Tool]:
+    """The built-in workspace tools as `loopfence run` made them: over `root` (default: the recorded
+    workspace), with the recorded sandbox choice and untrusted globs."""
+    from ..tools import workspace_tools
+
+    where = root or h.workspace
+    if not where:
+        raise LogError(path, h.line, "the header names no workspace; pass the run's tools or a workspace")
+    globs = h.raw.get("untrusted_globs")
+    return workspace_tools(where, sandbox=not bool(h.raw.get("unsandboxed", False)),
+                           untrusted_globs=[str(g) for g in globs] if isinstance(globs, list) and globs else None)

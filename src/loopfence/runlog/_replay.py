@@ -27,7 +27,7 @@ from ._playback import (Diverged, Divergence, PlaybackApproval, PlaybackExecutor
                         PlaybackModel, RecordingEnded, Recording)
 from ._reader import RunLogFile, read_log
 from ._rebuild import (compaction_of, gate_of, gated_names, limits_of, messages_of, policy_of,
-                       registry_of)
+                       registry_of, workspace_tools_of)
 
 __all__ = ["replay", "ReplayReport"]
 
@@ -132,8 +132,6 @@ def _same_schema(h: Any, t: Tool) -> bool:
 
 def _workspace_tools(log: RunLogFile) -> tuple[str, list[Tool]]:
     """The built-in workspace tools over a fresh copy of the workspace named in the header."""
-    from ..tools import workspace_tools
-
     ws = log.header.workspace
     if not ws or not Path(ws).is_dir():
         raise LogError(log.path, log.header.line, f"--execute-tools needs the recorded workspace, and "
@@ -141,4 +139,4 @@ def _workspace_tools(log: RunLogFile) -> tuple[str, list[Tool]]:
     workdir = tempfile.mkdtemp(prefix="loopfence-replay-")
     copy = Path(workdir) / "workspace"
     shutil.copytree(ws, copy, symlinks=True)
-    return workdir, workspace_tools(copy)
+    return workdir, workspace_tools_of(log.header, log.path, str(copy))

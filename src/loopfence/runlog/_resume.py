@@ -30,7 +30,7 @@ from ._playback import (Diverged, PlaybackApproval, PlaybackExecutor, PlaybackLo
                         PlaybackSignal, Recording)
 from ._reader import RunLogFile, read_log
 from ._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
-                       model_of, policy_of)
+                       model_of, policy_of, workspace_tools_of)
 from ._writer import RunLog
 
 __all__ = ["resume", "ResumeOutcome", "ResumeError"]
@@ -65,10 +65,12 @@ class ResumeOutcome:
 
 
 def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool] | None = None,
-           guards: list[Guard] | None = None, executor: Executor | None = None,
+           workspace: str | Path | None = None, guards: list[Guard] | None = None,
+           executor: Executor | None = None,
            listener: Callable[[dict[str, Any]], None] | None = None) -> ResumeOutcome:
-    """Continue the run logged at `path`. `tools` default to the built-in workspace tools of the
-    recorded workspace; `model` defaults to one rebuilt from the header's model settings."""
+    """Continue the run logged at `path`. `tools` default to the built-in workspace tools over
+    `workspace` (default: the recorded one, with the recorded sandbox and untrusted globs); `model`
+    defaults to one rebuilt from the header's model settings."""
     p = str(path)
     log = read_log(p, tolerant=True)
     last_line = len(log.events) + 1
@@ -76,7 +78,7 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
         return ResumeOutcome(p, log.stop, None, last_line, 0, ())
     h = log.header
     try:
-        registry = check_tools(h, p, _workspace_tools(log) if tools is None else tools)
+        registry = check_tools(h, p, _workspace_tools(log, workspace) if tools is None else tools)
     except LogError as exc:
         raise ResumeError(exc.path, exc.line, exc.message) from None
     try:
@@ -118,13 +120,8 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
     return ResumeOutcome(p, None, result, last_line, log.torn_bytes, tuple(runner.unknown))
 
 
-def _workspace_tools(log: RunLogFile) -> list[Tool]:
-    from ..tools import workspace_tools
-
-    ws = log.header.workspace
-    if not ws:
-        raise ResumeError(log.path, log.header.line, "the header names no workspace; pass the run's "
-                          "tools to resume()")
-    if not Path(ws).is_dir():
-        raise ResumeError(log.path, log.header.line, f"the recorded workspace {ws} is not a folder here")
-    return workspace_tools(ws)
+def _workspace_tools(log: RunLogFile, root: str | Path | None) -> list[Tool]:
+    where = str(root) if root is not None else log.header.workspace
+    if where and not Path(where).is_dir():
+        raise ResumeError(log.path, log.header.line, f"the workspace {where} is not a folder here")
+    return workspace_tools_of(log.header, log.path, where)
