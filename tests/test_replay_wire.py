@@ -118,3 +118,31 @@ def test_a_replay_of_the_wire_run_notices_a_changed_recorded_answer(tmp_path: Pa
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
     report = replay(log)
     assert not report.ok and report.divergence is not None and report.divergence.step == 2
+
+
+def test_a_recorded_stream_through_the_http_client_round_trips(fake_endpoint: Any, tmp_path: Path) -> None:
+    """openai-python's capture of two parallel calls in one stream, served byte for byte over real
+    HTTP, assembled by our client, run, logged, replayed: the assembled reply replays identically."""
+    from loopfence import tool
+    from loopfence.models._openai import OpenAIModel
+    from loopfence.testing import text_reply
+
+    def GetWeatherArgs(city: str, country: str, units: str = "c") -> str:  # noqa: N802 - recorded name
+        """Weather for a city."""
+        return f"sunny in {city}"
+
+    def get_stock_price(ticker: str, exchange: str) -> str:
+        """A stock price."""
+        return f"{ticker} on {exchange}: 100"
+
+    srv = fake_endpoint({"sse": (WIRE / "openai-python__two_parallel_calls.sse").read_text()},
+                        text_reply("Sunny, and AAPL is at 100."))
+    log = tmp_path / "stream.jsonl"
+    result = run("Weather and a price.", model=OpenAIModel(srv.base_url, "fake", stream=True),
+                 tools=[tool(GetWeatherArgs, kind="read_only"), tool(get_stock_price, kind="read_only")],
+                 log=RunLog(log))
+    assert result.stop.reason is StopReason.FINAL_ANSWER and result.ledger.tool_executions == 2
+    assert reconcile(log).ok and replay(log).ok
+    calls = to_atif(log)["steps"][1]["tool_calls"]
+    assert [c["arguments"] for c in calls] == [{"city": "Edinburgh", "country": "GB", "units": "c"},
+                                               {"ticker": "AAPL", "exchange": "NASDAQ"}]
