@@ -217,8 +217,9 @@ def server(tok: Tokenizer) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # plain chatml: chatml-function-calling drops tool results from the prompt (the page never arrives)
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()), "--chat_format",
-           "chatml-function-calling", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "32768",
+           "chatml", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "32768",
            "--n_threads", "2", "--seed", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "NO_PROXY": "*"})
@@ -232,22 +233,27 @@ def server(tok: Tokenizer) -> None:
                 time.sleep(0.2)
         page = big_page()
         reg = Registry([tool(lambda path: page, name="read_file", kind="read_only")])
-        print("\n## The 144 KB page against a real llama_cpp.server, n_ctx 32768 (the read already done)\n")
+        print("\n## The 144 KB page against a real llama_cpp.server, n_ctx 32768 (the read already done;\n"
+              "assistant content \"\" because that server refuses content: null with HTTP 500)\n")
         print("| context_window | stop | detail |")
         print("|---|---|---|")
         for window in (32_768, None):
             msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Make a note from pages/pi.html"},
-                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "type": "function",
+                    {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function",
                      "function": {"name": "read_file", "arguments": "{\"path\":\"pages/pi.html\"}"}}]},
                     {"role": "tool", "tool_call_id": "c0", "content": page}]
             limits = Limits(context_window=window, max_prompt_tokens=None)
             state = new_state(reg, limits, Policy(), {}, msgs)
-            with OpenAIModel(base, "smollm2", max_retries=0) as model:
+            with OpenAIModel(base, "smollm2", max_retries=0, request_timeout=120) as model:
                 r = drive(state, model, RunLog(None), default_guards(limits, None, UntrustedGate()), Executor())
-            print(f"| {window} | {r.stop.reason} | {r.stop.detail[:110]} |")
+            print(f"| {window} | {r.stop.reason} | {r.stop.detail[:400]} |")
     finally:
         proc.terminate()
-        proc.wait(timeout=20)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
 
 
 # -- overhead -----------------------------------------------------------------------------------------------

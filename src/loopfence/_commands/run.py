@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._compact import Compaction
+from .._gate import APPROVE_MODES, approver
 from .._limits import Policy
 from .._loop import run
 from .._stops import Verdict
@@ -36,6 +38,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--on-bad-call", choices=["fail", "feedback"], default="fail",
                    help="stop on a malformed call (fail, default) or tell the model (feedback)")
     p.add_argument("--quiet", action="store_true", help="no live step lines")
+    fence = p.add_argument_group("untrusted content and context")
+    fence.add_argument("--untrusted", metavar="GLOB", action="append", default=[],
+                       help="workspace files that are untrusted content (repeatable), e.g. 'vendor/**', "
+                       "or '**' when reviewing someone else's code; HTML pages always are")
+    fence.add_argument("--approve", choices=APPROVE_MODES, help="privileged calls (run_command, write_file, "
+                       "apply_patch) while untrusted content is in context: ask on the terminal, deny, or "
+                       "allow all (recorded in the log). Default: ask on a terminal, deny without one")
+    fence.add_argument("--keep-turns", metavar="K", type=int, default=Compaction().keep_turns,
+                       help="tool results older than the last K turns go to the model as a short stub "
+                       "(the log keeps them); default: %(default)s")
+    fence.add_argument("--no-compaction", action="store_true", help="send every tool result every turn")
+    p.add_argument("--unsandboxed", action="store_true",
+                   help="run_command WITHOUT the bubblewrap sandbox (explicit opt-out; recorded in the run log)")
     http = p.add_argument_group("OpenAI-compatible endpoint (instead of --script or the embedded model)")
     http.add_argument("--base-url", metavar="URL",
                       help="e.g. http://127.0.0.1:8080/v1 (default: $LOOPFENCE_BASE_URL)")
@@ -43,8 +58,6 @@ def add_parser(sub: Any) -> None:
     http.add_argument("--api-key", metavar="KEY", help="bearer key (default: $LOOPFENCE_API_KEY, then "
                       "$OPENAI_API_KEY; prefer the variables: a flag shows in the process list)")
     http.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
-    p.add_argument("--unsandboxed", action="store_true",
-                   help="run_command WITHOUT the bubblewrap sandbox (explicit opt-out; recorded in the run log)")
 
 
 def build_model(args: argparse.Namespace) -> Model:
@@ -78,13 +91,20 @@ def main(args: argparse.Namespace) -> int:
     workspace = Path(args.workspace)
     if not workspace.is_dir():
         raise UsageError(f"--workspace {workspace}: not a folder")
+    if args.keep_turns < 1:
+        raise UsageError(f"--keep-turns must be at least 1, got {args.keep_turns} (or --no-compaction)")
+    compaction = Compaction.off() if args.no_compaction else Compaction(keep_turns=args.keep_turns)
+    approve = approver(args.approve)  # recorded in the log header as gate.approve
     model = build_model(args)
     log_path = Path(args.log) if args.log else default_log_path()
     log = RunLog(log_path, listener=None if args.quiet else live_printer())
-    result = run(args.task, model=model, tools=workspace_tools(workspace, sandbox=not args.unsandboxed),
+    result = run(args.task, model=model, tools=workspace_tools(workspace, sandbox=not args.unsandboxed,
+                                                             untrusted_globs=args.untrusted),
                  limits=limits, policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,
+                 approve=approve, compaction=compaction,
                  header={"workspace": str(workspace.resolve()), "unsandboxed": args.unsandboxed,
-                         "sandbox": "none" if args.unsandboxed else "bubblewrap"})
+                         "sandbox": "none" if args.unsandboxed else "bubblewrap",
+                         "untrusted_globs": args.untrusted})
     print_summary(result)
     reconciled = reconcile_own_log(result.log_path)  # the log must add up; say so
     return 0 if result.verdict is Verdict.SHIP and reconciled else 1
