@@ -50,8 +50,9 @@ class ToolCall:
         return self.arguments if isinstance(self.arguments, str) else canonical_json(self.arguments)
 
     def to_wire(self) -> dict[str, Any]:
+        """No arguments go back as "{}": servers reject null and some reject ""."""
         return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.raw_arguments}}
+                "function": {"name": self.name, "arguments": self.raw_arguments or "{}"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +97,9 @@ class Reply:
 
 def _parse_calls(msg: dict[str, Any]) -> tuple[ToolCall, ...]:
     raw_calls = msg.get("tool_calls") or []
-    if not raw_calls and isinstance(msg.get("function_call"), dict):  # legacy single call
-        raw_calls = [{"id": "", "function": msg["function_call"]}]
+    legacy = msg.get("function_call")
+    if not raw_calls and isinstance(legacy, dict) and (legacy.get("name") or legacy.get("arguments")):
+        raw_calls = [{"id": "", "function": legacy}]  # legacy single call; an empty one is no call
     if not isinstance(raw_calls, list):
         raise ReplyFormatError("tool_calls must be a list")
     out = []
