@@ -65,8 +65,8 @@ def test_default_keeps_the_last_two_turns_and_stubs_older_results():
     for n, stub in enumerate(last[:3], start=1):
         assert stub.startswith(STUB_PREFIX)
         assert f'read_file {{"path": "pi.txt", "page": {n}}}' in stub
-        assert f"from step {n}, {len(PAGES[n]):,} characters" in stub
-        assert fingerprint(PAGES[n]) in stub and "last 2 turn(s)" in stub
+        assert f"(step {n}, {len(PAGES[n]):,} characters, fingerprint {fingerprint(PAGES[n])})" in stub
+        assert stub.endswith("Call it again to see it.]")  # read_only: asking again shows it
     # the state keeps the originals
     assert [m["content"] for m in r.messages if m["role"] == "tool"] == [PAGES[n] for n in range(1, 6)]
 
@@ -187,3 +187,15 @@ def test_asking_again_for_an_elided_page_runs_it_again_instead_of_no_progress():
     # without compaction the model still sees page 1: asking again learns nothing
     off = run("t", model=Recorder(list(script)), tools=REG, log=RunLog(None), compaction=Compaction.off())
     assert off.stop.reason is StopReason.NO_PROGRESS and off.ledger.reused == 1
+
+
+def test_side_effect_stubs_do_not_invite_a_second_call():
+    v = OutgoingView(Compaction(keep_turns=1, min_chars=10), rereadable=frozenset({"read_file"}))
+    for i, name in enumerate(["run_command", "read_file", "x"]):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        for m in ({"role": "assistant", "content": None, "tool_calls": [call]},
+                  {"role": "tool", "tool_call_id": f"c{i}", "content": "output " * 60}):
+            v.add(m, text_units(canonical_json(m)))
+    run_stub, read_stub = v.messages[1]["content"], v.messages[3]["content"]
+    assert "run_command {}" in run_stub and run_stub.endswith("fingerprint " + fingerprint("output " * 60) + ").]")
+    assert "again" not in run_stub and read_stub.endswith("Call it again to see it.]")

@@ -51,12 +51,12 @@ class Compaction:
     def to_json(self) -> dict[str, Any]:
         return {"keep_turns": self.keep_turns, "min_chars": self.min_chars}
 
-    def stub(self, name: str, raw_arguments: str, step: int, size: int, fp: str) -> str:
+    def stub(self, name: str, raw_arguments: str, step: int, size: int, fp: str, again: bool) -> str:
+        """again: the tool is read-only, so asking for the same call shows the result again."""
         args = raw_arguments if len(raw_arguments) <= self.max_arg_chars else \
             raw_arguments[: self.max_arg_chars - 1] + "…"
-        return (f"{STUB_PREFIX}: result of {name} {args} from step {step}, {size:,} characters, "
-                f"fingerprint {fp}; older than the last {self.keep_turns} turn(s), removed to save "
-                "context]")
+        return (f"{STUB_PREFIX} to save context: the result of {name} {args} (step {step}, {size:,} "
+                f"characters, fingerprint {fp})." + (" Call it again to see it.]" if again else "]"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,7 @@ class OutgoingView:
     """The conversation as sent: the originals, with old tool results replaced by stubs."""
 
     policy: Compaction = field(default_factory=Compaction)
+    rereadable: frozenset[str] = frozenset()  # read-only tools: their stubs say "call it again"
     messages: list[dict[str, Any]] = field(default_factory=list)
     size: int = 0  # `text_units` of the canonical JSON of `messages`
     version: int = 0  # bumps on every change: a cache key for token counts
@@ -124,7 +125,8 @@ class OutgoingView:
         if not isinstance(content, str) or len(content) < self.policy.min_chars:
             return
         fp = fingerprint(content)
-        text = self.policy.stub(info.name, info.arguments, info.step, len(content), fp)
+        text = self.policy.stub(info.name, info.arguments, info.step, len(content), fp,
+                                info.name in self.rereadable)
         stub = {**msg, "content": text}
         size = text_units(canonical_json(stub))
         if size >= self._sizes[index]:

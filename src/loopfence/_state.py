@@ -14,7 +14,7 @@ from ._limits import Ledger, Limits, Policy
 from ._messages import Reply, Request, ToolCall
 from ._tokens import TokenEstimator, text_units
 from .tools._executor import ResultCache, ToolResult
-from .tools._registry import Registry
+from .tools._registry import Registry, ToolKind
 
 __all__ = ["RunState"]
 
@@ -49,7 +49,8 @@ class RunState:
         tools = canonical_json(self.registry.schemas())
         self._tools_units = text_units(tools)
         self._tools_fp = hashlib.sha256(tools.encode()).hexdigest()[:16]
-        self.view = OutgoingView(self.compaction)
+        self.view = OutgoingView(self.compaction, frozenset(
+            t.name for t in self.registry if t.kind is ToolKind.READ_ONLY))
         if self.cache is None:
             self.cache = ElidedAwareCache(self.view)
         old, self.messages = self.messages, []

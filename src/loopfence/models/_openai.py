@@ -40,6 +40,7 @@ from ._errors import error_stop
 from ._retry import Timeouts, backoff_delay, parse_retry_after, retryable_status
 from ._sse import iter_events, iter_lines
 from ._stream import StreamEnd, assemble_events, reply_from_response
+from ._tokencount import ServerTokenCounter
 
 __all__ = ["OpenAIModel", "Timeouts"]
 
@@ -100,6 +101,7 @@ class OpenAIModel:
         self._rng = random.Random(seed)
         self._client = httpx.Client(transport=transport, follow_redirects=False,
                                     trust_env=parts.hostname not in _LOOPBACK)
+        self._counter: ServerTokenCounter | None = None
 
     @classmethod
     def from_env(cls, base_url: str | None = None, model: str | None = None, api_key: str | None = None,
@@ -159,6 +161,13 @@ class OpenAIModel:
                                     retry_in_s=round(delay, 3), left_s=round(left, 3)) from None
                 self.retries += 1
                 time.sleep(delay)
+
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int | None:
+        """The prompt's tokens as a llama.cpp server counts them, or None elsewhere (_tokencount)."""
+        if self._counter is None:
+            auth = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+            self._counter = ServerTokenCounter(self._client, self.base_url, auth)
+        return self._counter.count([_outgoing(m) for m in messages], tools)
 
     def body(self, request: Request) -> dict[str, Any]:
         """The JSON body sent for `request` (params may not override model, messages, tools, stream).
