@@ -39,7 +39,7 @@ class RunState:
     view: OutgoingView = field(init=False, repr=False)  # what is sent: messages, old results stubbed
     _estimate: tuple[tuple[Any, ...], int] = ((), 0)
     _sent: tuple[int, int] = (0, 0)  # (view.added, view.saved) when the last request was built
-    _anchor: tuple[int, int, int] | None = None  # the same at the last request with reported usage, + its tokens
+    _anchor: tuple[int, int, int] | None = None  # _sent at the last request with reported usage + its tokens
     _chars: int = 0
     _tools_units: int = 0
     _tools_fp: str = ""

@@ -18,7 +18,8 @@ _PLAIN = (string.ascii_letters + string.whitespace).encode()
 
 def text_units(text: str) -> int:
     """Characters, plus (SYMBOL_WEIGHT - 1) per byte that is not an ASCII letter or whitespace."""
-    return len(text) + (SYMBOL_WEIGHT - 1) * len(text.encode("utf-8", "surrogatepass").translate(None, _PLAIN))
+    symbols = len(text.encode("utf-8", "surrogatepass").translate(None, _PLAIN))
+    return len(text) + (SYMBOL_WEIGHT - 1) * symbols
 
 
 class TokenEstimator:
