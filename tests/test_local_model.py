@@ -51,7 +51,9 @@ def test_sample_page_is_real_looking_html():
 
 
 def test_import_loopfence_does_not_import_llama_cpp():
-    code = ("import sys, loopfence, loopfence.cli, loopfence.models._local, loopfence._commands.run; "
+    code = ("import sys, loopfence, loopfence.cli, loopfence._commands.run\n"
+            "from loopfence.models import LocalModel, LocalModelUnavailable\n"
+            "try:\n    LocalModel().describe()\nexcept LocalModelUnavailable:\n    pass\n"
             "print('llama_cpp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
