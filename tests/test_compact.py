@@ -57,12 +57,12 @@ def tool_contents(request: Request) -> list[str]:
     return [m["content"] for m in request.messages if m["role"] == "tool"]
 
 
-def test_default_keeps_the_last_two_turns_and_stubs_older_results():
+def test_default_keeps_the_last_turn_and_stubs_older_results():
     r, model = go(None)
     assert r.stop.reason is StopReason.FINAL_ANSWER
     last = tool_contents(model.requests[-1])
-    assert last[3:] == [PAGES[4], PAGES[5]]
-    for n, stub in enumerate(last[:3], start=1):
+    assert last[4:] == [PAGES[5]]
+    for n, stub in enumerate(last[:4], start=1):
         assert stub.startswith(STUB_PREFIX)
         assert f'read_file {{"path": "pi.txt", "page": {n}}}' in stub
         assert f"(step {n}, {len(PAGES[n]):,} characters, fingerprint {fingerprint(PAGES[n])})" in stub

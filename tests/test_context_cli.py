@@ -128,7 +128,7 @@ def test_approve_ask_reads_the_answer(gws, answer, decision):
 
 def test_compaction_flags_reach_the_header(ws):
     script = write_script(ws / "s.jsonl", [text_reply("hi")])
-    for flags, expected in [((), 2), (("--keep-turns", "1"), 1), (("--no-compaction",), None)]:
+    for flags, expected in [((), 1), (("--keep-turns", "3"), 3), (("--no-compaction",), None)]:
         lf("run", "t", "--script", str(script), "--workspace", str(ws), "--log", str(ws / "c.jsonl"),
            "--quiet", *flags, cwd=ws)
         assert events(ws / "c.jsonl")[0]["compaction"]["keep_turns"] == expected

@@ -30,7 +30,7 @@ class Compaction:
     None keeps everything (compaction off). min_chars: results shorter than this are never stubbed
     (a stub would save next to nothing). A turn is one assistant reply that asked for tools."""
 
-    keep_turns: int | None = 2
+    keep_turns: int | None = 1
     min_chars: int = 300
     max_arg_chars: int = 160
 
