@@ -50,7 +50,8 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
     runlog.write("header", format=FORMAT, version=VERSION, run_id=uuid.uuid4().hex,
                  started_at=datetime.now(timezone.utc).isoformat(), task=task, system=system,
                  limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
-                 tools=[{"kind": str(t.kind), "untrusted": t.untrusted, **t.schema()} for t in registry],
+                 tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
+                         **t.schema()} for t in registry],
                  model=_describe(model), gate=gate.describe(), compaction=state.compaction.to_json(),
                  **(header or {}))
     return drive(state, model, runlog, default_guards(state.limits, guards, gate), executor or Executor())
@@ -178,7 +179,8 @@ def _record(s: RunState, log: RunLog, call: Any, result: ToolResult, key: str | 
     s.add_result(call, result)
     log.write("result", step=step, tool_call_id=call.id, name=call.name, decision=result.decision,
               ok=result.ok, error=result.error, fingerprint=result.fingerprint,
-              duration_s=round(result.duration_s, 6), untrusted=result.untrusted, content=result.content)
+              duration_s=round(result.duration_s, 6), untrusted=result.untrusted, content=result.content,
+              **({"violation": result.violation} if result.violation else {}))
 
 
 def _describe(model: Model) -> dict[str, Any]:

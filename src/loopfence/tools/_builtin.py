@@ -84,6 +84,7 @@ def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, san
         "list_dir": lambda: tool(list_dir, kind="read_only"),
         "write_file": lambda: tool(write_file, kind="side_effect", privileged=True),
         "apply_patch": lambda: tool(apply_patch, kind="side_effect", privileged=True),
-        "run_command": lambda: tool(run_command, kind="side_effect", privileged=True, description=run_doc),
+        "run_command": lambda: tool(run_command, kind="side_effect", privileged=True, description=run_doc,
+                                    self_timed=True),
     }
     return [made[name]() for name in BUILTIN_NAMES if name in wanted]

@@ -17,9 +17,18 @@ from .._json import canonical_json, fingerprint
 from ._registry import Tool, ToolKind
 
 __all__ = ["ToolResult", "ToolOutput", "Executor", "ResultCache", "error_result", "refusal",
-           "DEFAULT_RESULT_CAP"]
+           "DEFAULT_RESULT_CAP", "time_left", "SELF_TIMED_GRACE_S"]
 
 DEFAULT_RESULT_CAP = 16_000
+SELF_TIMED_GRACE_S = 3.0  # a self-timed tool (run_command) gets this long past its timeout to report
+_call = threading.local()  # the deadline of the tool call running in this thread
+
+
+def time_left() -> float | None:
+    """Seconds the current tool call has left (tool_timeout_s, bounded by the run's wall clock);
+    None when unbounded. A self-timed tool caps its own timeout with this."""
+    deadline = getattr(_call, "deadline", None)
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +104,8 @@ class Executor:
 
             status, value = run_in_process(t.fn, args, timeout_s)
         else:
-            status, value = _run_in_thread(t.fn, args, timeout_s)
+            grace = SELF_TIMED_GRACE_S if t.self_timed and timeout_s is not None else 0.0
+            status, value = _run_in_thread(t.fn, args, timeout_s, grace)
         duration = time.monotonic() - start
         if status == "timeout":
             stopped = "the work was stopped" if t.isolation == "process" else \
@@ -147,15 +157,18 @@ def _error_kind(exc: BaseException) -> str:
     return "tool_error"
 
 
-def _run_in_thread(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:
+def _run_in_thread(fn: Any, args: dict[str, Any], timeout_s: float | None,
+                   grace: float = 0.0) -> tuple[str, Any]:
     if timeout_s is None:
         try:
             return "ok", fn(**args)
         except Exception as exc:  # noqa: BLE001 - a raising tool is data
             return "error", exc
     box: list[tuple[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
 
     def target() -> None:
+        _call.deadline = deadline
         try:
             box.append(("ok", fn(**args)))
         except BaseException as exc:  # noqa: BLE001
@@ -163,7 +176,7 @@ def _run_in_thread(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tu
 
     worker = threading.Thread(target=target, daemon=True, name="loopfence-tool")
     worker.start()
-    worker.join(max(timeout_s, 0.0))
+    worker.join(max(timeout_s, 0.0) + grace)
     return box[0] if box else ("timeout", None)
 
 

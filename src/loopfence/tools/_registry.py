@@ -52,6 +52,7 @@ class Tool:
     isolation: str = "thread"
     privileged: bool = False
     args_model: type[BaseModel] | None = field(default=None, repr=False)
+    self_timed: bool = False  # stops its own work by `time_left()`; the executor waits a grace past it
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools[]` entry."""
@@ -96,7 +97,8 @@ def _describe(exc: ValidationError) -> str:
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind: str = "side_effect",
          description: str | None = None, result_model: type[BaseModel] | None = None,
-         untrusted: bool = False, isolation: str = "thread", privileged: bool = False) -> Any:
+         untrusted: bool = False, isolation: str = "thread", privileged: bool = False,
+         self_timed: bool = False) -> Any:
     """Make a Tool from a plain function (usable bare or as `@tool(kind="read_only")`)."""
 
     def build(f: Callable[..., Any]) -> Tool:
@@ -115,7 +117,7 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind:
         params["additionalProperties"] = False
         doc = description if description is not None else inspect.getdoc(f) or ""
         return Tool(name or f.__name__, doc, params, f, ToolKind(kind), result_model, untrusted,
-                    isolation, privileged, model)
+                    isolation, privileged, model, self_timed)
 
     return build(fn) if fn is not None else build
 

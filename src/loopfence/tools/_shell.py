@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._executor import time_left
 from ._reap import MARKER_ENV, exited, kill_tree
 from ._sandbox import sandbox_prefix
 
@@ -133,7 +134,8 @@ class Shell:
             return _error("invalid_value", "the command contains a NUL byte")
         if not isinstance(timeout_s, (int, float)) or not timeout_s > 0 or math.isinf(timeout_s):
             return _error("invalid_value", f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        timeout = min(float(timeout_s), self.max_timeout_s)
+        left = time_left()  # the run's tool timeout / wall clock, when called from the executor
+        timeout = min(float(timeout_s), self.max_timeout_s, *([max(left, 0.05)] if left is not None else []))
         marker = uuid.uuid4().hex
         if self.sandbox:
             prefix = sandbox_prefix(self.root, marker)
@@ -146,7 +148,8 @@ class Shell:
         launch = [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(self.limits.rlimits(timeout)), *argv]
         result = self._execute(launch, env, marker, timeout)
         if timeout < timeout_s:
-            result["timeout_note"] = f"timeout_s {timeout_s:g} was lowered to the maximum, {timeout:g}"
+            why = "the maximum" if timeout == self.max_timeout_s else "what the run's limits leave"
+            result["timeout_note"] = f"timeout_s {timeout_s:g} was lowered to {why}, {timeout:g}"
         return result
 
     def sandbox_status(self) -> str | None:
