@@ -7,8 +7,13 @@ installed before the entry point existed gets it registered here instead.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["pytester"]
+
+# Shared, noisy machines: property tests judge results, never speed.
+settings.register_profile("loopfence", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("loopfence")
 
 
 def pytest_configure(config: pytest.Config) -> None:
