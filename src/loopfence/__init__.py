@@ -5,6 +5,10 @@
     result.stop.reason, result.verdict, result.ledger
 """
 
+from typing import Any
+
+from ._compact import Compaction
+from ._gate import UntrustedGate, approve_all, deny_all
 from ._guards import Guard
 from ._limits import Ledger, LedgerSnapshot, Limits, Policy
 from ._loop import run
@@ -15,8 +19,18 @@ from .runlog import RunLog
 from .tools import Registry, Tool, ToolKind, ToolResult, tool, workspace_tools
 
 __all__ = [
-    "Guard", "Ledger", "LedgerSnapshot", "Limits", "Model", "Policy", "Registry", "Reply", "Request",
-    "RunLog", "RunResult", "ScriptedModel", "Stop", "StopReason", "Tool", "ToolCall", "ToolKind",
-    "ToolResult", "Usage", "Verdict", "run", "tool", "workspace_tools",
+    "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model", "OpenAIModel",
+    "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "ScriptedModel", "Stop",
+    "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate", "Usage", "Verdict",
+    "approve_all", "deny_all", "run", "tool", "workspace_tools",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """The HTTP client and the embedded model load on first use (no httpx/llama_cpp at import)."""
+    if name in ("OpenAIModel", "LocalModel"):
+        from . import models
+
+        return getattr(models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
