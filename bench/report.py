@@ -40,4 +40,4 @@ def machine() -> dict[str, str]:
     except OSError:
         load = "n/a"
     return {"python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu,
-            "cores": str(os.cpu_count()), "load average at start": load}
+            "cores": str(os.cpu_count()), "load average at start": load}  # 1, 5, 15 minutes

@@ -65,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         sections.append(_run_section(name, frameworks, args.quick))
         print(f"[bench] {name} done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+    load = machine()["load average at start"]
     text = "\n\n".join([header, *(f"## {s.title}\n\n{s.markdown}" for s in sections),
-                        f"_Total bench time: {time.monotonic() - started:.0f} s._\n"])
+                        f"_Total bench time: {time.monotonic() - started:.0f} s; load average at the "
+                        f"end: {load} on {os.cpu_count()} cores (shared machines make timings noisy)._\n"])
     out = args.out or (str(RESULTS) if not args.quick and args.only == SECTIONS else None)
     if out:
         Path(out).write_text(text, encoding="utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version as _dist_version
 from typing import Any
@@ -16,6 +17,11 @@ from ..common import Outcome, Script, Source, Workspace, calls_of, describe_exce
 
 NAME = "openai-agents"
 DEFAULTS = "Runner.run_sync defaults: max_turns=10; tool errors go back to the model"
+
+
+# Tracing stays on (the default); with no API key its exporter only warns once per run. Keep that
+# warning out of the bench's output: it is a log line, not a setting.
+logging.getLogger("openai.agents").setLevel(logging.ERROR)
 
 
 def version() -> str:
