@@ -6,6 +6,7 @@ Errors raised inside a tool never escape: they become `{"ok": false, "error": ki
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -164,20 +165,39 @@ def _run_in_thread(fn: Any, args: dict[str, Any], timeout_s: float | None,
             return "ok", fn(**args)
         except Exception as exc:  # noqa: BLE001 - a raising tool is data
             return "error", exc
-    box: list[tuple[str, Any]] = []
+    worker = _IDLE.pop() if _IDLE else _Worker()
     deadline = time.monotonic() + timeout_s
+    worker.jobs.put((fn, args, deadline))
+    try:
+        outcome = worker.results.get(timeout=max(timeout_s, 0.0) + grace)
+    except queue.Empty:
+        return "timeout", None  # the worker is abandoned: it may still be running the tool
+    _IDLE.append(worker)
+    return outcome
 
-    def target() -> None:
-        _call.deadline = deadline
-        try:
-            box.append(("ok", fn(**args)))
-        except BaseException as exc:  # noqa: BLE001
-            box.append(("error", exc))
 
-    worker = threading.Thread(target=target, daemon=True, name="loopfence-tool")
-    worker.start()
-    worker.join(max(timeout_s, 0.0) + grace)
-    return box[0] if box else ("timeout", None)
+class _Worker:
+    """A reusable daemon thread for in-thread tools: starting a thread per call costs more than
+    the rest of a step. A worker whose tool timed out is never reused."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Any, dict[str, Any], float]] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, daemon=True, name="loopfence-tool").start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, deadline = self.jobs.get()
+            _call.deadline = deadline
+            try:
+                outcome: tuple[str, Any] = ("ok", fn(**args))
+            except BaseException as exc:  # noqa: BLE001 - a raising tool is data
+                outcome = ("error", exc)
+            _call.deadline = None
+            self.results.put(outcome)
+
+
+_IDLE: list[_Worker] = []  # list.pop/append are atomic: concurrent runs share the pool safely
 
 
 class ResultCache:

@@ -68,7 +68,7 @@ class Tool:
                 bound = self.args_model.model_validate(args)
             except ValidationError as exc:
                 raise ArgumentError(_describe(exc)) from None
-            return {k: getattr(bound, k) for k in type(bound).model_fields}
+            return dict(bound)  # field name -> value, defaults applied (extra keys are forbidden)
         problem = validate_schema(args, self.parameters)
         if problem:
             raise ArgumentError(problem)
