@@ -344,3 +344,76 @@ def test_every_stop_reason_is_covered_here():
     src = Path(__file__).read_text()
     missing = [r.name for r in StopReason if f"StopReason.{r.name}" not in src]
     assert not missing, missing
+
+
+def test_a_repeated_long_read_is_reused_under_default_compaction(ws):
+    """The model saw the first result whole when it asked again: reuse it, even if elided since."""
+    ran: list = []
+
+    def read_page(path: str) -> str:
+        ran.append(path)
+        return "x" * 1000
+
+    replies = [calls_reply(tool_call("read_page", path="a.txt"))]
+    result, _, _ = _go(ws, replies, tools=[tool(read_page, kind="read_only")])
+    assert result.stop.reason is StopReason.NO_PROGRESS
+    assert ran == ["a.txt"] and result.ledger.reused == 1
+
+
+def test_ctrl_c_while_a_side_effect_runs_is_outcome_unknown_not_not_run(ws):
+    """The intent was logged and the tool acted: the log must not say it did not run."""
+    from loopfence.runlog import reconcile
+
+    def write_then_wait() -> str:
+        (ws / "effect.txt").write_text("done")
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(2)
+        return "not reached"
+
+    result, events, _ = _go(ws, [calls_reply(tool_call("write_then_wait", "{}"))], tools=[tool(write_then_wait)])
+    assert result.stop.reason is StopReason.CANCELLED
+    assert (ws / "effect.txt").exists()
+    res = [e for e in events if e["event"] == "result"]
+    assert len(res) == 1 and res[0]["decision"] == "executed" and res[0]["error"] == "outcome_unknown"
+    assert len([e for e in events if e["event"] == "call"]) == 1
+    assert result.ledger.tool_executions == 1
+    assert reconcile(ws.parent / "run.jsonl").ok
+
+
+def test_max_completion_tokens_param_is_a_truncation_cap_too(ws):
+    reply = calls_reply(tool_call("read_file", path="app/config.py"), usage=(10, 5))
+    result, _, _ = _go(ws, [reply], params={"max_completion_tokens": 5})
+    assert result.stop.reason is StopReason.INCOMPLETE_STREAM
+    assert result.ledger.tool_executions == 0
+
+
+def test_a_tool_raising_system_exit_is_a_result_even_inline(ws):
+    def leave() -> str:
+        raise SystemExit(3)
+
+    replies = [calls_reply(tool_call("leave", "{}")), text_reply("handled")]
+    result, events, _ = _go(ws, replies, tools=[tool(leave)],
+                            limits=Limits(tool_timeout_s=None, max_wall_seconds=None))
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    assert json.loads(next(e for e in events if e["event"] == "result")["content"])["ok"] is False
+
+
+def test_feedback_turn_with_a_rejected_call_is_not_no_progress(ws):
+    replies = [calls_reply(tool_call("read_file", path="app/config.py")),
+               calls_reply(tool_call("read_file", path="app/config.py"), tool_call("read_file", '{"path": 3}')),
+               text_reply("done")]
+    result, _, _ = _go(ws, replies, policy=Policy(on_bad_call="feedback"))
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    assert result.ledger.rejected == 1 and result.ledger.reused == 1
+
+
+def test_a_bug_in_a_guard_ends_named_and_says_it_is_internal(ws):
+    from loopfence import Guard
+
+    class Broken(Guard):
+        def before_request(self, s):
+            raise ZeroDivisionError("oops")
+
+    result, _, _ = _go(ws, [text_reply("x")], guards=[Broken()])
+    assert result.stop.reason is StopReason.ENDPOINT_ERROR
+    assert "internal error in loopfence" in result.stop.detail and "traceback" in result.stop.data

@@ -79,6 +79,7 @@ class OutgoingView:
     added: int = 0  # units ever appended (only grows)
     saved: int = 0  # units removed by stubs (only grows)
     elided_fps: set[str] = field(default_factory=set)  # fingerprints of contents the model no longer sees
+    sent_elided: frozenset[str] = frozenset()  # elided_fps as of the last request sent
     _sizes: list[int] = field(default_factory=list)
     _turns: list[list[tuple[int, _CallInfo]]] = field(default_factory=list)  # tool messages per turn
     _calls: dict[str, _CallInfo] = field(default_factory=dict)  # the current turn's calls, by id
@@ -112,6 +113,11 @@ class OutgoingView:
             info = self._calls.get(str(message.get("tool_call_id"))) or _CallInfo("a tool", "", self._steps)
             self._turns[-1].append((index, info))
 
+    def mark_sent(self) -> None:
+        """A request went out: what it elided is what the model could not see when it replied."""
+        if self.sent_elided != self.elided_fps:
+            self.sent_elided = frozenset(self.elided_fps)
+
     def _compact_through(self, turns: int) -> None:
         while self._done < turns:
             for index, info in self._turns[self._done]:
@@ -141,9 +147,10 @@ class OutgoingView:
 
 
 class ElidedAwareCache(ResultCache):
-    """The read-only cache, less what the view elided: asking again for a result the model can no
-    longer see runs the (read-only) tool again. That is new information for the model, not a
-    no-progress reuse; max_repeats still bounds how often one call may be asked for."""
+    """The read-only cache, less what the view elided: asking again for a result the model could not
+    see in the request it answered runs the (read-only) tool again. That is new information for the
+    model, not a no-progress reuse; max_repeats still bounds how often one call may be asked for.
+    A result the model saw whole in that request is reused, even if it has been elided since."""
 
     def __init__(self, view: OutgoingView) -> None:
         super().__init__()
@@ -151,6 +158,6 @@ class ElidedAwareCache(ResultCache):
 
     def get(self, key: str) -> ToolResult | None:
         found = super().get(key)
-        if found is not None and self.view.elided_fps and found.fingerprint in self.view.elided_fps:
+        if found is not None and self.view.sent_elided and found.fingerprint in self.view.sent_elided:
             return None
         return found

@@ -14,7 +14,8 @@ from ._messages import Reply, ToolCall
 from ._stops import StopReason
 from .tools._registry import ArgumentError, Registry, Tool
 
-__all__ = ["CheckedCall", "Violation", "ContractResult", "check_reply", "canonical_key"]
+__all__ = ["CheckedCall", "Violation", "ContractResult", "check_reply", "canonical_key",
+           "requested_max_tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +47,18 @@ class ContractResult:
     def violations(self) -> list[Violation]:
         return [i for i in self.items if isinstance(i, Violation)]
 
-    @property
-    def first_violation(self) -> Violation | None:
-        return self.incomplete or next(iter(self.violations), None)
-
 
 def canonical_key(name: str, bound_args: dict[str, Any]) -> str:
     return f"{name}:{canonical_json(bound_args)}"
+
+
+def requested_max_tokens(params: dict[str, Any]) -> int | None:
+    """The completion cap a request asks for (`max_tokens`, or the newer `max_completion_tokens`)."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = params.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def _truncated(reply: Reply, max_tokens: int | None) -> str | None:
@@ -61,7 +67,7 @@ def _truncated(reply: Reply, max_tokens: int | None) -> str | None:
     if reply.finish_reason == "length":
         return "finish_reason is 'length': the reply was cut off"
     if max_tokens is not None and reply.usage and reply.usage.completion_tokens == max_tokens:
-        return f"completion_tokens reached max_tokens ({max_tokens}): treated as truncated"
+        return f"completion_tokens reached the requested cap ({max_tokens}): treated as truncated"
     return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from ._contract import requested_max_tokens
 from ._stops import Stop, StopReason
 from .tools._registry import ToolKind
 
@@ -100,7 +101,7 @@ class CompletionTokenLimit(Guard):
         if self.limit is None:
             return None
         used = s.ledger.completion_tokens
-        reserve = s.params.get("max_tokens") or s.params.get("max_completion_tokens") or 0
+        reserve = requested_max_tokens(s.params) or 0
         if used >= self.limit or used + reserve > self.limit:
             return Stop(StopReason.MAX_COMPLETION_TOKENS, f"the next request would exceed "
                         f"max_completion_tokens={self.limit}: {used} used + {reserve} reserved by max_tokens",

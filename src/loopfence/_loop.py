@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 import uuid
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -14,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ._compact import Compaction
-from ._contract import CheckedCall, ContractResult, Violation, check_reply
+from ._contract import CheckedCall, ContractResult, check_reply, requested_max_tokens
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard, Guards, default_guards
 from ._limits import Limits, Policy
-from ._messages import Reply
+from ._messages import Reply, Request
 from ._state import RunState
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import Model
@@ -74,11 +75,17 @@ def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
         stop = exc.stop
     except KeyboardInterrupt:
         stop = Stop(StopReason.CANCELLED, "interrupted (Ctrl-C)")
-    except Exception as exc:  # noqa: BLE001 - a bug in an adapter must still end the run named
-        stop = Stop(StopReason.ENDPOINT_ERROR, f"unexpected {type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - even a bug in loopfence must end the run named
+        stop = Stop(StopReason.ENDPOINT_ERROR, f"internal error in loopfence, please report it: "
+                    f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
     for call in list(s.pending):  # every requested call gets exactly one result
-        _record(s, log, call, error_result("not_executed", "refused",
-                message=f"not run: the run stopped ({stop.reason})"), key=None)
+        if call is s.in_flight:  # its intent is logged and it may have acted: never "not run"
+            _record(s, log, call, error_result("outcome_unknown", side_effects="may have happened",
+                    message=f"interrupted while running: the run stopped ({stop.reason})"),
+                    key=None, logged_intent=True)
+        else:
+            _record(s, log, call, error_result("not_executed", "refused",
+                    message=f"not run: the run stopped ({stop.reason})"), key=None)
     s.ledger.elapsed_s = s.elapsed()
     ledger = s.ledger.snapshot()
     log.write("stop", **stop.to_json(), verdict=str(stop.verdict), final_answer=final[0],
@@ -99,19 +106,18 @@ def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
                   n_messages=len(request.messages), prompt_estimate=estimate, params=request.params)
         s.ledger.model_requests += 1
         started = time.monotonic()
-        reply = model.complete(request)  # send
+        reply = _send(model, request)  # send
         prompt, completion = s.remember(reply, estimate)  # remember
         log.write("reply", step=request.step, raw=reply.raw, complete=reply.complete,
                   problem=reply.problem, finish_reason=reply.finish_reason,
                   usage={"prompt_tokens": prompt, "completion_tokens": completion,
                          "reported": reply.usage is not None and reply.usage.prompt_tokens is not None},
                   duration_s=round(time.monotonic() - started, 6))
-        checked = check_reply(reply, s.registry, s.params.get("max_tokens"))
-        calls, stop = _settle_contract(s, log, reply, checked, final)  # stop gate
+        checked = check_reply(reply, s.registry, requested_max_tokens(s.params))
+        calls, stop, results = _settle_contract(s, log, reply, checked, final)  # stop gate
         if stop:
             return stop
         guards.on_reply(s, calls)
-        results: list[ToolResult] = []
         for c in calls:  # run tools: one execution = one count
             cached = s.cache.get(c.key) if c.tool.kind is ToolKind.READ_ONLY else None
             verdict = guards.before_execution(s, c, cached is not None)
@@ -127,34 +133,49 @@ def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
             return stop
 
 
+def _send(model: Model, request: Request) -> Reply:
+    """One request. Whatever an adapter raises ends the run as endpoint_error, never as a traceback."""
+    try:
+        return model.complete(request)
+    except (StopError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise StopError(StopReason.ENDPOINT_ERROR,
+                        f"the model adapter raised {type(exc).__name__}: {exc}") from exc
+
+
 def _settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractResult,
-                     final: list[str | None]) -> tuple[list[CheckedCall], Stop | None]:
-    """Which calls may run, or the stop. Fail closed by default; feedback mode tells the model."""
+                     final: list[str | None]) -> tuple[list[CheckedCall], Stop | None, list[ToolResult]]:
+    """Which calls may run, or the stop, and the results already given (rejected calls).
+    Fail closed by default; feedback mode tells the model."""
     if checked.incomplete:
         final[1] = reply.content
-        return [], Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail)
+        return [], Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail), []
     if not reply.tool_calls:
         text = (reply.content or "").strip()
         if text:
             final[0] = reply.content
-            return [], Stop(StopReason.FINAL_ANSWER, f"answer after {s.ledger.model_requests} requests")
-        return [], Stop(StopReason.EMPTY_ANSWER, "the model replied with no tool calls and no text")
+            return [], Stop(StopReason.FINAL_ANSWER, f"answer after {s.ledger.model_requests} requests"), []
+        return [], Stop(StopReason.EMPTY_ANSWER, "the model replied with no tool calls and no text"), []
+    valid = [i for i in checked.items if isinstance(i, CheckedCall)]
     bad = checked.violations
     if not bad:
         s.bad_streak = 0
-        return [i for i in checked.items if isinstance(i, CheckedCall)], None
+        return valid, None, []
     s.bad_streak += 1
     first = bad[0]
     limit = s.policy.max_bad_calls
     feedback = s.policy.on_bad_call == "feedback" and (limit is None or s.bad_streak < limit)
+    given = []
     for v in bad:
         body = v.feedback() if feedback else {"ok": False, "error": str(v.reason), "message": v.detail}
-        _record(s, log, v.call, _violation_result(body), key=None, reason=str(v.reason))
+        given.append(_violation_result(body))
+        _record(s, log, v.call, given[-1], key=None, reason=str(v.reason))
     if feedback:
-        return [i for i in checked.items if isinstance(i, CheckedCall)], None
+        return valid, None, given
     why = "" if s.policy.on_bad_call == "fail" else \
         f" ({s.bad_streak} replies in a row with a violation, max_bad_calls={limit})"
-    return [], Stop(first.reason, first.detail + why)
+    return [], Stop(first.reason, first.detail + why), given
 
 
 def _violation_result(body: dict[str, Any]) -> ToolResult:
@@ -162,10 +183,13 @@ def _violation_result(body: dict[str, Any]) -> ToolResult:
 
 
 def _execute(s: RunState, log: RunLog, executor: Executor, c: CheckedCall) -> ToolResult:
+    s.in_flight = c.call  # intent logged, outcome not yet: a stop now leaves it outcome_unknown
     log.write("call", step=s.ledger.model_requests, tool_call_id=c.call.id, name=c.tool.name,
               raw_arguments=c.call.raw_arguments, arguments=c.args, key=c.key, kind=str(c.tool.kind),
               decision="executed", intent=True)
-    return executor.execute(c.tool, c.args, s.tool_timeout())
+    result = executor.execute(c.tool, c.args, s.tool_timeout())
+    s.in_flight = None
+    return result
 
 
 def _record(s: RunState, log: RunLog, call: Any, result: ToolResult, key: str | None,

@@ -31,6 +31,7 @@ class RunState:
     estimator: TokenEstimator = field(default_factory=TokenEstimator)
     cache: ResultCache = None  # type: ignore[assignment]  # None: ElidedAwareCache over the view
     pending: list[ToolCall] = field(default_factory=list)  # requested calls still owed a result
+    in_flight: ToolCall | None = None  # the call executing now (its intent is already logged)
     bad_streak: int = 0
     log: Any = None  # the RunLog, so guards and gates can write their own events
     chain: str = ""  # running hash over the conversation: request fingerprints in O(1) per message
@@ -116,6 +117,7 @@ class RunState:
     def request(self) -> Request:
         self._last_prompt_units = self.prompt_units()
         self._sent = (self.view.added, self.view.saved)
+        self.view.mark_sent()
         return Request(list(self.view.messages), self.registry.schemas(), dict(self.params),
                        self.deadline(), self.ledger.model_requests + 1)
 

@@ -141,14 +141,16 @@ class Recording:
 
 def _settled_index(events: tuple[Event, ...]) -> int:
     """Index of the last event before the stop that is not the stop's bookkeeping: the calls the
-    stop left unrun get a refused `not_executed` call and result just before the stop."""
+    stop left unrun get a refused `not_executed` call and result just before the stop, and a tool the
+    stop interrupted gets an `outcome_unknown` result."""
     if not events or not isinstance(events[-1], StopEvent):
         return len(events)
     i = len(events) - 2
-    while i >= 0 and events[i].kind in ("call", "result") and \
-            events[i].raw.get("decision") == "refused" and \
-            (events[i].raw.get("reason") == "not_executed" or events[i].raw.get("error") == "not_executed"):
-        i -= 1
+    while i >= 0 and events[i].kind in ("call", "result") and (
+            (events[i].raw.get("decision") == "refused" and
+             (events[i].raw.get("reason") == "not_executed" or events[i].raw.get("error") == "not_executed"))
+            or (events[i].kind == "result" and events[i].raw.get("error") == "outcome_unknown")):
+        i -= 1  # an outcome_unknown result right before the stop: the stop interrupted that tool
     return i
 
 
@@ -290,6 +292,10 @@ class PlaybackExecutor(Executor):
                 return outcome_unknown(t, intent)
             return self._run(t, args, timeout_s)
         nxt = None if log.detached else log.rec.peek()
+        interrupted = log.rec.stop_ahead() if isinstance(nxt, ResultEvent) and \
+            nxt.error == "outcome_unknown" else None
+        if interrupted is not None:  # the recorded run was stopped (Ctrl-C) while this tool ran
+            raise StopError(StopReason(interrupted.reason), interrupted.detail, **interrupted.data)
         if isinstance(nxt, ResultEvent) and nxt.decision == "executed":
             if not self.rerun or isinstance(t.fn, RecordedFn) or nxt.error == "outcome_unknown":
                 stop = log.rec.stop

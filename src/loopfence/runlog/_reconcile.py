@@ -26,7 +26,7 @@ __all__ = ["Check", "Reconciliation", "reconcile", "INVARIANTS"]
 INVARIANTS = {
     "one_result_per_call": "every requested tool call has exactly one result",
     "no_orphan_results": "every result answers a requested tool call",
-    "intent_before_execution": "every executed result follows its logged intent",
+    "intent_before_execution": "every executed result follows its logged intent, and every intent has one",
     "steps_are_requests": "ledger model_requests = request events (steps 1..n in order)",
     "calls_requested": "ledger tool_calls = tool calls in the replies",
     "executions": "ledger tool_executions = executed results",
@@ -144,9 +144,11 @@ def _intents(calls: list[CallEvent], results: list[ResultEvent]) -> Check:
         if intents[key] > 0:
             intents[key] -= 1
         else:
-            bad.append(f"line {r.line} ({r.tool_call_id})")
-    return Check("intent_before_execution", not bad, "every execution was announced" if not bad else
-                 f"executed without a logged intent: {', '.join(bad)}")
+            bad.append(f"executed without a logged intent: line {r.line} ({r.tool_call_id})")
+    bad += [f"intent logged but no executed result: step {step} ({cid})"
+            for (step, cid), n in intents.items() if n > 0]
+    return Check("intent_before_execution", not bad, "every execution was announced, and every "
+                 "announced call has an executed result" if not bad else "; ".join(bad))
 
 
 def _count(name: str, ledger: dict[str, Any], field: str, actual: int, what: str) -> Check:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._contract import check_reply
+from .._contract import check_reply, requested_max_tokens
 from .._limits import Limits
 from .._messages import Reply
 from .._stops import StopReason
@@ -68,7 +68,7 @@ def _prompt(f: StopFacts) -> tuple[bool, str]:
 def _completion(f: StopFacts) -> tuple[bool, str]:
     ok, why = f.names_limit(f.limits.max_completion_tokens)
     used = f.completion_used
-    reserve = f.params.get("max_tokens") or f.params.get("max_completion_tokens") or 0
+    reserve = requested_max_tokens(f.params) or 0
     limit = f.limits.max_completion_tokens or 0
     good = ok and (used >= limit or used + reserve > limit) and f.data("value") == used + reserve
     return good, why or f"{used} used + {reserve} reserved vs max_completion_tokens={limit}"
@@ -135,7 +135,7 @@ def _incomplete(f: StopFacts) -> tuple[bool, str]:
     r = f.turns[-1] if f.turns else None
     if f.last_kind == "request":  # the adapter raised it: nothing was recorded to check
         return True, "the model call itself ended incomplete"
-    good = r is not None and check_reply(r, Registry(), f.params.get("max_tokens")).incomplete is not None
+    good = r is not None and check_reply(r, Registry(), requested_max_tokens(f.params)).incomplete is not None
     return good, "the last reply did not complete" if good else "the last reply looks complete"
 
 

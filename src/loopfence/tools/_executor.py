@@ -163,7 +163,9 @@ def _run_in_thread(fn: Any, args: dict[str, Any], timeout_s: float | None,
     if timeout_s is None:
         try:
             return "ok", fn(**args)
-        except Exception as exc:  # noqa: BLE001 - a raising tool is data
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a raising tool (even SystemExit) is data
             return "error", exc
     worker = _IDLE.pop() if _IDLE else _Worker()
     deadline = time.monotonic() + timeout_s
@@ -215,5 +217,3 @@ class ResultCache:
         elif t.kind is ToolKind.SIDE_EFFECT and result.decision == "executed":
             self._results.clear()
 
-    def clear(self) -> None:
-        self._results.clear()
