@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -56,6 +57,8 @@ def _coerce(name: str, value: Any) -> Any:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"limit {name} must be a number or null, got {value!r}")
+    if not math.isfinite(value):  # 1e400 parses as inf; use null (or none) for unlimited
+        raise ValueError(f"limit {name} must be a finite number (null for unlimited), got {value!r}")
     if value < 0:
         raise ValueError(f"limit {name} must be >= 0, got {value!r}")
     if name in _INT:

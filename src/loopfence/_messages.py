@@ -6,12 +6,13 @@ variations); everything past it reads attributes, never `dict.get` chains.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._json import canonical_json
 
-__all__ = ["Usage", "ToolCall", "Reply", "Request", "ReplyFormatError"]
+__all__ = ["Usage", "ToolCall", "Reply", "Request", "ReplyFormatError", "content_text"]
 
 
 class ReplyFormatError(ValueError):
@@ -28,10 +29,31 @@ class Usage:
         if not isinstance(data, dict):
             return None
 
-        def _int(v: Any) -> int | None:
-            return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        return cls(_count(data, "prompt_tokens"), _count(data, "completion_tokens"))
 
-        return cls(_int(data.get("prompt_tokens")), _int(data.get("completion_tokens")))
+
+def _count(data: dict[str, Any], key: str) -> int | None:
+    """A reported token count: a finite number >= 0, or None when absent or not a number.
+    Infinity, NaN or a negative count is an error: it would crash or lower the budget."""
+    v = data.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    if not math.isfinite(v) or v < 0:
+        raise ReplyFormatError(f"usage {key} must be a finite number >= 0, got {v!r}")
+    return int(v)
+
+
+def content_text(parts: list[Any]) -> str:
+    """Content parts joined: each object part's "text" (absent or null is ""), which must be a string."""
+    out = []
+    for i, p in enumerate(parts):
+        if not isinstance(p, dict):
+            continue
+        text = p.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ReplyFormatError(f"message content[{i}].text must be a string, got {type(text).__name__}")
+        out.append(text or "")
+    return "".join(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +109,7 @@ class Reply:
         msg = choice["message"]
         content = msg.get("content")
         if isinstance(content, list):  # content parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            content = content_text(content)
         if content is not None and not isinstance(content, str):
             raise ReplyFormatError("message content must be a string or null")
         calls = _parse_calls(msg)

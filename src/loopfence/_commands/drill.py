@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from ..drill import (DrillSetupError, Endpoint, ScenarioError, load_scenarios, p
                      run_scenario, scripted_models, write_results)
 from ..drill._models import ModelFactory, http_pieces
 from ._common import UsageError, stderr
+
+__all__ = ["add_parser", "main"]
 
 HELP = "run drill scenarios and print the decision table"
 
@@ -56,6 +59,17 @@ def _console(to_stderr: bool) -> Console:
     return console if console.is_terminal else Console(stderr=to_stderr, highlight=False, width=150)
 
 
+def _writable(out: Path) -> None:
+    """--out must be a folder we can write in, checked before any scenario runs (else every row
+    would fail with the same OSError and results.json would crash at the end)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".loopfence-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     models = _models(args)
     try:
@@ -63,10 +77,7 @@ def main(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         raise UsageError(str(exc)) from None
     out = Path(args.out) if args.out else Path("runs") / f"drill-{datetime.now():%Y%m%d-%H%M%S-%f}"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--out {out}: {exc}") from None
+    _writable(out)
     table_console = _console(to_stderr=args.json)
     results = []
     for scenario in scenarios:
@@ -75,6 +86,9 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(row.to_json(), ensure_ascii=False), file=sys.stdout, flush=True)
     print_table(results, table_console)
-    path = write_results(out, results, [str(p) for p in args.paths])
+    try:
+        path = write_results(out, results, [str(p) for p in args.paths])
+    except OSError as exc:
+        raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
     stderr.print(f"logs and results: {path}", markup=False)
     return 1 if any(r.failed for r in results) else 0

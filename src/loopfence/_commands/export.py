@@ -35,7 +35,10 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     text = json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--output {args.output}: {exc.strerror or exc}") from None
         stderr.print(f"wrote {args.output} ({len(doc['steps'])} steps, {doc['schema_version']})",
                      markup=False)
     else:

@@ -18,6 +18,8 @@ from ..tools import workspace_tools
 from ._common import UsageError, default_log_path, limits_from_flags, live_printer, print_summary, stderr
 from .reconcile import reconcile_own_log
 
+__all__ = ["add_parser", "main", "build_model"]
+
 HELP = "run one task through the fenced loop"
 
 
@@ -97,7 +99,10 @@ def main(args: argparse.Namespace) -> int:
     approve = approver(args.approve)  # recorded in the log header as gate.approve
     model = build_model(args)
     log_path = Path(args.log) if args.log else default_log_path()
-    log = RunLog(log_path, listener=None if args.quiet else live_printer())
+    try:
+        log = RunLog(log_path, listener=None if args.quiet else live_printer())
+    except OSError as exc:  # a folder, a missing or read-only place: one line, exit 2
+        raise UsageError(f"--log {log_path}: {exc.strerror or exc}") from None
     result = run(args.task, model=model, tools=workspace_tools(workspace, sandbox=not args.unsandboxed,
                                                              untrusted_globs=args.untrusted),
                  limits=limits, policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._messages import Reply, ToolCall, Usage
+from .._messages import Reply, ReplyFormatError, ToolCall, Usage, content_text
 from .._stops import StopError, StopReason
 from ._errors import error_stop
 from ._sse import DONE, SSEEvent, parse_events
@@ -206,8 +206,11 @@ def _finish(p: _Parts, done: bool, problem: str) -> Reply:
                            "stream": {"chunks": n, "done": done, "problem": problem or None}}
     if usage:
         raw["usage"] = usage
-    return Reply(text, tuple(out), finish, Usage.from_json(usage), raw,
-                 complete, "" if complete else problem)
+    try:
+        usage_value = Usage.from_json(usage)
+    except ReplyFormatError as exc:  # inf, NaN or a negative count: the endpoint's fault
+        raise StopError(StopReason.ENDPOINT_ERROR, f"the response's {exc}") from None
+    return Reply(text, tuple(out), finish, usage_value, raw, complete, "" if complete else problem)
 
 
 def assemble_sse(text: str, *, tools: Iterable[str] = ()) -> Reply:
@@ -242,7 +245,10 @@ def reply_from_response(obj: Any) -> Reply:
     delta = dict(msg)
     content = delta.get("content")
     if isinstance(content, list):  # content parts
-        delta["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        try:
+            delta["content"] = content_text(content)
+        except ReplyFormatError as exc:
+            raise StopError(StopReason.ENDPOINT_ERROR, f"the response's {exc}") from None
     tcs = msg.get("tool_calls")
     if isinstance(tcs, list):
         delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(tcs) if isinstance(tc, dict)]
