@@ -102,10 +102,11 @@ def parse_scenario(data: Any, file: str) -> Scenario:
             canned_f.fail(cname, f"{cname!r} is also enabled in tools")  # type: ignore[union-attr]
         canned.append(parse_canned(Fields.of(file, f"canned_tools.{cname}", spec), cname))
     expect_f = f.obj("expect")
+    workspace = _paths(f, "workspace")
     return Scenario(
         name=name, task=f.string("task", required=True) or "", replies=parse_replies(f), file=file,
         description=f.string("description", "") or "", system=f.string("system"),
-        workspace=_paths(f, "workspace"), symlinks=_links(f), tools=tuple(tools),
+        workspace=workspace, symlinks=_links(f, workspace), tools=tuple(tools),
         canned_tools=tuple(canned), limits=_limits(f), policy=_policy(f), params=_params(f),
         stream=f.boolean("stream", False),
         expect=parse_expect(expect_f, set(tools) | {c.name for c in canned}) if expect_f else None,
@@ -126,13 +127,30 @@ def _paths(f: Fields, key: str) -> dict[str, str]:
     return files
 
 
-def _links(f: Fields) -> dict[str, str]:
+def _links(f: Fields, files: dict[str, str]) -> dict[str, str]:
     links = _paths(f, "symlinks")
     sub = f.obj("symlinks")
     for rel, target in links.items():
         if not target:
             sub.fail(rel, "link target must not be empty")  # type: ignore[union-attr]
+    _no_conflicts(f, files, links)
     return links
+
+
+def _no_conflicts(f: Fields, files: dict[str, str], links: dict[str, str]) -> None:
+    """Every workspace file and link gets its own path: none is inside another (a file cannot also
+    be a folder) and no two name the same path (after 'a//b' and 'a/./b' become 'a/b')."""
+    seen: dict[PurePosixPath, str] = {}
+    entries = [("workspace", rel) for rel in files] + [("symlinks", rel) for rel in links]
+    for key, rel in entries:
+        norm = PurePosixPath(rel)
+        if norm in seen:
+            f.fail(f"{key}.{rel}", f"names the same path as {seen[norm]}")
+        seen[norm] = f"{key}.{rel}"
+    for key, rel in entries:
+        for parent in PurePosixPath(rel).parents:
+            if parent in seen and str(parent) != ".":
+                f.fail(f"{key}.{rel}", f"cannot be inside {seen[parent]}: that is a file, not a folder")
 
 
 def _limits(f: Fields) -> Limits:
