@@ -1,3 +1,5 @@
 """CLI subcommands: one module each, with `add_parser(subparsers)` and `main(args) -> int`."""
 
+__all__ = ["COMMANDS"]
+
 COMMANDS = ["run", "drill", "fake_server", "replay", "reconcile", "resume", "export"]  # module names under loopfence._commands, in help order

@@ -11,6 +11,8 @@ from typing import Any
 from ..testing._fakeserver import FAULTS, FakeServer, FormError, load_forms
 from ._common import UsageError, stderr
 
+__all__ = ["add_parser", "main"]
+
 HELP = "serve scripted chat.completions replies on 127.0.0.1 (an OpenAI-compatible fake)"
 
 
