@@ -4,6 +4,8 @@ The child is forked (so closures work; arguments and the result must be picklabl
 session and process group, and carries a marker in its environment. When the call ends, whether it
 returned, raised or timed out, the whole group and every marked process are killed (SIGTERM, then
 SIGKILL): nothing the tool started outlives the call. The child also dies if this process dies.
+The timeout clock starts when the child says it is ready (after its setsid), so a timeout can never
+fire while the child is still in this process's group, where the group kill would miss it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import signal
 import uuid
 from typing import Any
 
-from ._reap import MARKER_ENV, kill_tree
+from ._reap import MARKER_ENV, exited, kill_tree
 
-__all__ = ["run_in_process", "KILL_GRACE_S"]
+__all__ = ["run_in_process", "KILL_GRACE_S", "READY_S"]
 
 KILL_GRACE_S = 0.5
+READY_S = 30.0  # how long a forked child may take to set itself up before the call gives up on it
 _PR_SET_PDEATHSIG = 1
 
 
@@ -28,6 +31,7 @@ def _child(conn: Any, fn: Any, args: dict[str, Any], marker: str, parent_pid: in
     os.environ[MARKER_ENV] = marker  # inherited by what the tool starts, even after a setsid
     _die_with_parent(parent_pid)
     try:
+        conn.send(("ready", None))  # the parent starts the timeout clock only now: a kill finds us
         conn.send(("ok", fn(**args)))
     except BaseException as exc:  # noqa: BLE001
         try:
@@ -48,6 +52,23 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _ready(conn: Any) -> bool:
+    """Wait for the child's "ready" (sent after setsid and the marker); False if it died first."""
+    if not conn.poll(READY_S):
+        return False
+    try:
+        return bool(conn.recv()[0] == "ready")
+    except EOFError:
+        return False
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
@@ -57,7 +78,9 @@ def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tu
     child.close()
     status: tuple[str, Any] | None = None
     try:
-        if parent.poll(timeout_s):
+        if not _ready(parent):
+            status = None  # the child died (or never got going) before it could run the tool
+        elif parent.poll(timeout_s):
             try:
                 status = parent.recv()
             except EOFError:
@@ -68,6 +91,8 @@ def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tu
         # before any join: an unreaped child keeps its pid, so the group id cannot be reused
         if proc.pid:
             kill_tree(proc.pid, marker, KILL_GRACE_S)
+            if not exited(proc.pid):  # not yet its own group (no setsid yet): kill it by pid
+                _kill(proc.pid)
         proc.join(1.0)
         parent.close()
     if status is None:
