@@ -7,6 +7,8 @@
   LOOPFENCE_TRIAL_DELAY_S   seconds each tool spends before and after its effect (default 0.01)
   LOOPFENCE_TRIAL_DIE_AT    "before:line-3" / "after:line-3": SIGKILL itself inside append_line,
                             before or after the effect; "event:N": right after the N-th log line
+  LOOPFENCE_SCRIPTED_DELAY_S seconds each scripted reply takes (read by ScriptedModel itself); with the
+                            tool delay it bounds the run's length from below, so timed kills land in it
 The resume side imports `trial_tools` and `trial_script` from here (same tools, same schemas).
 """
 
