@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._json import JsonFileError, load_json_items
 from .._messages import Reply, ReplyFormatError, Request
 from .._stops import StopError, StopReason
 
@@ -79,38 +79,7 @@ def _as_response(item: dict[str, Any] | Reply) -> dict[str, Any]:
 
 def load_script(path: str | Path) -> list[dict[str, Any]]:
     """A JSONL file (one response object per line) or a JSON array. Errors name file and line."""
-    p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScriptError(f"{p}: script file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScriptError(f"{p}: cannot read script: {exc}") from None
-    if not text.strip():
-        raise ScriptError(f"{p}: script file is empty")
-    if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ScriptError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-        numbered = list(enumerate(items, 1))
-    else:
-        numbered = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                numbered.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                _check(p, numbered)
-                raise ScriptError(f"{p}:{lineno}: not valid JSON: {exc.msg}") from None
-    _check(p, numbered)
-    return [item for _, item in numbered]
-
-
-def _check(p: Path, numbered: list[tuple[int, Any]]) -> None:
-    for lineno, item in numbered:
-        try:
-            Reply.from_response(item)
-        except ReplyFormatError as exc:
-            raise ScriptError(f"{p}:{lineno}: {exc}") from None
+        return load_json_items(path, Reply.from_response, "script file")
+    except JsonFileError as exc:
+        raise ScriptError(str(exc)) from None

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._json import JsonFileError, load_json_items
+
 __all__ = ["FAULTS", "SHAPES", "FormError", "Plan", "validate_form", "load_forms", "overflow_body",
            "response_to_chunks", "render"]
 
@@ -56,32 +58,10 @@ def validate_form(form: Any) -> None:
 
 def load_forms(path: str | Path) -> list[dict[str, Any]]:
     """Reply forms from a JSON array or JSONL file. Errors name the file and line."""
-    p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise FormError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    if not text.strip():
-        raise FormError(f"{p}: empty script")
-    if text.lstrip().startswith("["):
-        try:
-            items = list(enumerate(json.loads(text), 1))
-        except json.JSONDecodeError as exc:
-            raise FormError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-    else:
-        items = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    items.append((n, json.loads(line)))
-                except json.JSONDecodeError as exc:
-                    raise FormError(f"{p}:{n}: not valid JSON: {exc.msg}") from None
-    for n, form in items:
-        try:
-            validate_form(form)
-        except FormError as exc:
-            raise FormError(f"{p}:{n}: {exc}") from None
-    return [form for _, form in items]
+        return load_json_items(path, validate_form, "script")
+    except JsonFileError as exc:
+        raise FormError(str(exc)) from None
 
 
 def overflow_body(shape: str = "llama.cpp", n_prompt_tokens: int = 5000, n_ctx: int = 4096) -> dict[str, Any]:
