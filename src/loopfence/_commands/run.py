@@ -15,7 +15,7 @@ from .._stops import Verdict
 from ..models import Model, ScriptedModel, ScriptError, load_script
 from ..runlog import RunLog
 from ..tools import workspace_tools
-from ._common import UsageError, default_log_path, limits_from_flags, live_printer, print_summary, stderr
+from ._common import UsageError, default_log_path, limits_from_flags, live_printer, print_summary
 from .reconcile import reconcile_own_log
 
 __all__ = ["add_parser", "main", "build_model"]
