@@ -31,3 +31,22 @@ def test_run_command_is_cut_at_the_runs_tool_timeout_and_reports_its_output(tmp_
     assert "may still be running" not in res["content"]
     assert "lowered" in body.get("timeout_note", "")
     assert result.stop.reason.value == "final_answer"
+
+
+def test_inline_tools_run_on_the_loops_thread_and_bad_isolation_is_refused():
+    import threading
+
+    from loopfence import tool
+
+    seen = []
+
+    def where() -> str:
+        seen.append(threading.current_thread() is threading.main_thread())
+        return "here"
+
+    replies = [calls_reply(tool_call("where", "{}")), text_reply("done")]
+    run("t", model=ScriptedModel(replies), tools=[tool(where, isolation="inline")], log=RunLog(None))
+    run("t", model=ScriptedModel(replies), tools=[tool(where)], log=RunLog(None))
+    assert seen == [True, False]
+    with pytest.raises(ValueError, match="isolation"):
+        tool(where, isolation="fiber")

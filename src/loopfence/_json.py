@@ -11,9 +11,12 @@ from typing import Any
 __all__ = ["canonical_json", "fingerprint", "loads_object", "load_json_items", "JsonFileError"]
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, compact separators, UTF-8 kept as text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _CANONICAL.encode(value)
 
 
 def fingerprint(value: Any) -> str:

@@ -18,6 +18,7 @@ __all__ = ["RunLog", "FORMAT", "VERSION", "EVENT_KINDS"]
 
 FORMAT = "loopfence.runlog"
 VERSION = 1
+_LINE = json.JSONEncoder(ensure_ascii=False, default=str)  # built once: json.dumps builds one per call
 EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume", "stop")
 
 
@@ -43,7 +44,7 @@ class RunLog:
                   **fields}
         self._seq += 1
         if self._fh is not None:
-            self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+            self._fh.write(_LINE.encode(record) + "\n")
             self._fh.flush()
         if self.keep:
             self.events.append(record)

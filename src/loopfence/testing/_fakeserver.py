@@ -81,7 +81,7 @@ class FakeServer:
         self._host, self._port = host, port
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -100,7 +100,7 @@ class FakeServer:
 
     def start(self) -> FakeServer:
         handler = type("Handler", (_Handler,), {"fake": self})
-        httpd = ThreadingHTTPServer((self._host, self._port), handler)
+        httpd = _Server((self._host, self._port), handler)
         httpd.daemon_threads = True
         httpd.block_on_close = False
         self._httpd = httpd
@@ -131,8 +131,13 @@ class FakeServer:
             return self.replies[min(i, len(self.replies) - 1)]
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # many concurrent runs connect at once; the default backlog is 5
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # keep-alive replies would otherwise stall ~40 ms on delayed ACKs
     fake: FakeServer  # set on the per-server subclass
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet

@@ -104,6 +104,8 @@ class Executor:
             from ._process import run_in_process  # local import: only process tools pay for it
 
             status, value = run_in_process(t.fn, args, timeout_s)
+        elif t.isolation == "inline":
+            status, value = _run_in_thread(t.fn, args, None)
         else:
             grace = SELF_TIMED_GRACE_S if t.self_timed and timeout_s is not None else 0.0
             status, value = _run_in_thread(t.fn, args, timeout_s, grace)

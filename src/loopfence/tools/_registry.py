@@ -39,7 +39,9 @@ class Tool:
 
     isolation: "thread" runs the function in a worker thread; its timeout stops the waiting, NOT the
     work (Python threads cannot be killed). "process" runs it in a child process that is killed at the
-    timeout, so the work stops too (arguments and result must be picklable).
+    timeout, so the work stops too (arguments and result must be picklable). "inline" runs it on the
+    loop's own thread with NO timeout: for pure, fast functions only (it saves the thread hand-off,
+    about 100 µs a call on a small VM); the run's clock is checked again after it returns.
     """
 
     name: str
@@ -100,6 +102,9 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind:
          untrusted: bool = False, isolation: str = "thread", privileged: bool = False,
          self_timed: bool = False) -> Any:
     """Make a Tool from a plain function (usable bare or as `@tool(kind="read_only")`)."""
+
+    if isolation not in ("thread", "process", "inline"):
+        raise ValueError(f"isolation must be 'thread', 'process' or 'inline', got {isolation!r}")
 
     def build(f: Callable[..., Any]) -> Tool:
         sig = inspect.signature(f)
