@@ -5,27 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from ..tools._jsonschema import json_type
 from ._scenario import ScenarioError
 
-__all__ = ["Fields", "json_type"]
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+__all__ = ["Fields", "json_type"]  # json_type: re-exported for the drill modules
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["validate_schema", "apply_defaults"]
+__all__ = ["validate_schema", "apply_defaults", "json_type"]
 
 _TYPES: dict[str, Any] = {
     "object": lambda v: isinstance(v, dict),
@@ -30,7 +30,7 @@ def validate_schema(value: Any, schema: dict[str, Any], where: str = "arguments"
     if types is not None:
         names = types if isinstance(types, list) else [types]
         if not any(_TYPES.get(t, lambda v: True)(value) for t in names):
-            return f"{where}: expected {' or '.join(names)}, got {_jtype(value)}"
+            return f"{where}: expected {' or '.join(names)}, got {json_type(value)}"
     if "enum" in schema and value not in schema["enum"]:
         return f"{where}: {value!r} is not one of {schema['enum']!r}"
     if "const" in schema and value != schema["const"]:
@@ -81,8 +81,11 @@ def apply_defaults(args: dict[str, Any], schema: dict[str, Any]) -> dict[str, An
     return out
 
 
-def _jtype(value: Any) -> str:
-    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
+def json_type(value: Any) -> str:
+    """The JSON name of a Python value's type, for messages ("integer", "object", ...)."""
+    for name in ("null", "boolean", "string", "array", "object"):
         if _TYPES[name](value):
             return name
-    return type(value).__name__
+    if isinstance(value, int):
+        return "integer"
+    return "number" if isinstance(value, float) else type(value).__name__
