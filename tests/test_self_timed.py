@@ -33,20 +33,30 @@ def test_run_command_is_cut_at_the_runs_tool_timeout_and_reports_its_output(tmp_
     assert result.stop.reason.value == "final_answer"
 
 
-def test_inline_tools_run_on_the_loops_thread_and_bad_isolation_is_refused():
+def test_tools_run_on_the_rings_thread_and_bad_isolation_is_refused():
+    """No hand-off per call: thread and inline tools run on the thread that made the model call,
+    which is not the caller's (so that a tool timeout can still return control to the caller)."""
     import threading
 
     from loopfence import tool
 
-    seen = []
+    seen: list[tuple[str, int]] = []
+
+    class Where(ScriptedModel):
+        def complete(self, request):
+            seen.append(("model", threading.get_ident()))
+            return super().complete(request)
 
     def where() -> str:
-        seen.append(threading.current_thread() is threading.main_thread())
+        seen.append(("tool", threading.get_ident()))
         return "here"
 
     replies = [calls_reply(tool_call("where", "{}")), text_reply("done")]
-    run("t", model=ScriptedModel(replies), tools=[tool(where, isolation="inline")], log=RunLog(None))
-    run("t", model=ScriptedModel(replies), tools=[tool(where)], log=RunLog(None))
-    assert seen == [True, False]
+    for isolation in ("inline", "thread"):
+        seen.clear()
+        run("t", model=Where(replies), tools=[tool(where, isolation=isolation)], log=RunLog(None))
+        assert [k for k, _ in seen] == ["model", "tool", "model"], isolation
+        assert len({ident for _, ident in seen}) == 1, (isolation, seen)
+        assert seen[0][1] != threading.get_ident(), isolation
     with pytest.raises(ValueError, match="isolation"):
         tool(where, isolation="fiber")

@@ -5,16 +5,18 @@ Policies live in guards (_guards.py) and the contract (_contract.py); this modul
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import traceback
 import uuid
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ._compact import Compaction
+from ._driver import Op, interrupted, run_to_end
 from ._contract import CheckedCall, ContractResult, check_reply, requested_max_tokens
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard, Guards, default_guards
@@ -65,12 +67,20 @@ def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[s
 
 
 def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
-    """Run the ring from the current state to a stop; write the stop as the log's last line."""
+    """Run the ring from the current state to a stop; write the stop as the log's last line.
+    The ring runs on a runner thread that also performs its model calls and tools (see _driver)."""
+    result: RunResult
+    result, cpu_s = run_to_end(_drive(s, model, log, guards, executor))
+    return dataclasses.replace(result, cpu_s=round(cpu_s, 6))
+
+
+def _drive(s: RunState, model: Model, log: RunLog, guards: Guards,
+           executor: Executor) -> Generator[Op, Any, RunResult]:
     final: list[str | None] = [None, None]  # final answer, partial text of a cut-off reply
     s.log = log
     s.token_counter = getattr(model, "count_tokens", None)  # exact counts when the model offers them
     try:
-        stop = _ring(s, model, log, guards, executor, final)
+        stop = yield from _ring(s, model, log, guards, executor, final)
     except StopError as exc:
         stop = exc.stop
     except KeyboardInterrupt:
@@ -96,7 +106,7 @@ def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
 
 
 def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor,
-          final: list[str | None]) -> Stop:
+          final: list[str | None]) -> Generator[Op, Any, Stop]:
     while True:
         if stop := guards.before_request(s):
             return stop
@@ -106,7 +116,7 @@ def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
                   n_messages=len(request.messages), prompt_estimate=estimate, params=request.params)
         s.ledger.model_requests += 1
         started = time.monotonic()
-        reply = _send(model, request)  # send
+        reply = yield from _send(model, request)  # send
         prompt, completion = s.remember(reply, estimate)  # remember
         log.write("reply", step=request.step, raw=reply.raw, complete=reply.complete,
                   problem=reply.problem, finish_reason=reply.finish_reason,
@@ -123,7 +133,7 @@ def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
             verdict = guards.before_execution(s, c, cached is not None)
             if isinstance(verdict, Stop):
                 return verdict
-            result = verdict or (cached.as_reused() if cached else _execute(s, log, executor, c))
+            result = verdict or (cached.as_reused() if cached else (yield from _execute(s, log, executor, c)))
             s.cache.record(c.tool, c.key, result)
             _record(s, log, c.call, result, c.key, logged_intent=result.decision == "executed")
             results.append(result)
@@ -133,10 +143,30 @@ def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
             return stop
 
 
-def _send(model: Model, request: Request) -> Reply:
+class _Send(Op):
+    __slots__ = ("model", "request")
+
+    def __init__(self, model: Model, request: Request) -> None:
+        self.model, self.request = model, request
+
+    def run(self) -> Reply:
+        return self.model.complete(self.request)
+
+
+class _Execute(Op):
+    __slots__ = ("executor", "tool", "args", "timeout_s")
+
+    def __init__(self, executor: Executor, t: Tool, args: dict[str, Any], timeout_s: float | None) -> None:
+        self.executor, self.tool, self.args, self.timeout_s = executor, t, args, timeout_s
+
+    def run(self) -> ToolResult:
+        return self.executor.execute(self.tool, self.args, self.timeout_s)
+
+
+def _send(model: Model, request: Request) -> Generator[Op, Any, Reply]:
     """One request. Whatever an adapter raises ends the run as endpoint_error, never as a traceback."""
     try:
-        return model.complete(request)
+        return (yield _Send(model, request))
     except (StopError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001
@@ -182,12 +212,14 @@ def _violation_result(body: dict[str, Any]) -> ToolResult:
     return ToolResult(json.dumps(body, ensure_ascii=False), False, "rejected", error=body["error"])
 
 
-def _execute(s: RunState, log: RunLog, executor: Executor, c: CheckedCall) -> ToolResult:
+def _execute(s: RunState, log: RunLog, executor: Executor, c: CheckedCall) -> Generator[Op, Any, ToolResult]:
+    if interrupted():
+        raise KeyboardInterrupt
     s.in_flight = c.call  # intent logged, outcome not yet: a stop now leaves it outcome_unknown
     log.write("call", step=s.ledger.model_requests, tool_call_id=c.call.id, name=c.tool.name,
               raw_arguments=c.call.raw_arguments, arguments=c.args, key=c.key, kind=str(c.tool.kind),
               decision="executed", intent=True)
-    result = executor.execute(c.tool, c.args, s.tool_timeout())
+    result = yield _Execute(executor, c.tool, c.args, s.tool_timeout())
     s.in_flight = None
     return result
 

@@ -75,6 +75,7 @@ class RunResult:
     messages: tuple[dict[str, Any], ...]
     log_path: str | None = None
     partial_text: str | None = None
+    cpu_s: float | None = None  # CPU seconds of the threads that ran the ring (its model calls and tools included)
 
     @property
     def reason(self) -> StopReason:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from .._driver import Slot, current_slot
 from .._json import canonical_json, fingerprint
 from ._registry import Tool, ToolKind
 
@@ -108,14 +109,16 @@ class Executor:
             status, value = _run_in_thread(t.fn, args, None)
         else:
             grace = SELF_TIMED_GRACE_S if t.self_timed and timeout_s is not None else 0.0
-            status, value = _run_in_thread(t.fn, args, timeout_s, grace)
+            slot = current_slot()
+            if slot is not None and timeout_s is not None:  # the ring's runner: no hand-off
+                status, value = _run_here(t.fn, args, slot, start + timeout_s, grace,
+                                          lambda: self._timed_out(t, timeout_s, time.monotonic() - start))
+            else:
+                status, value = _run_in_thread(t.fn, args, timeout_s, grace)
         duration = time.monotonic() - start
         if status == "timeout":
-            stopped = "the work was stopped" if t.isolation == "process" else \
-                "the waiting was stopped; an in-thread tool cannot be killed and may still be running"
-            res = error_result("timeout", tool=t.name, timeout_s=timeout_s, message=(
-                f"{t.name} did not finish within {timeout_s:g}s; {stopped}"))
-        elif status == "error":
+            return self._timed_out(t, timeout_s, duration)
+        if status == "error":
             exc = value
             fields: dict[str, Any] = {"message": f"{type(exc).__name__}: {exc}"}
             if t.kind is ToolKind.SIDE_EFFECT:
@@ -129,6 +132,13 @@ class Executor:
             content, ok, error = _render(value)
             return ToolResult(cap_text(content, self.result_cap), ok, "executed", duration, error,
                               violation, untrusted)
+        return ToolResult(res.content, res.ok, "executed", duration, res.error, None, t.untrusted)
+
+    def _timed_out(self, t: Tool, timeout_s: float | None, duration: float) -> ToolResult:
+        stopped = "the work was stopped" if t.isolation == "process" else \
+            "the waiting was stopped; an in-thread tool cannot be killed and may still be running"
+        res = error_result("timeout", tool=t.name, timeout_s=timeout_s, message=(
+            f"{t.name} did not finish within {timeout_s:g}s; {stopped}"))
         return ToolResult(res.content, res.ok, "executed", duration, res.error, None, t.untrusted)
 
 
@@ -160,15 +170,31 @@ def _error_kind(exc: BaseException) -> str:
     return "tool_error"
 
 
+def _run_here(fn: Any, args: dict[str, Any], slot: Slot, deadline: float, grace: float,
+              on_timeout: Any) -> tuple[str, Any]:
+    """Run on this (the ring's) thread; past the deadline the watchdog answers the ring with
+    `on_timeout()` and the run goes on elsewhere while this thread finishes the tool unobserved."""
+    slot.arm(deadline + grace, on_timeout)
+    _call.deadline = deadline
+    try:
+        return _invoke(fn, args)
+    finally:
+        _call.deadline = None
+
+
+def _invoke(fn: Any, args: dict[str, Any]) -> tuple[str, Any]:
+    try:
+        return "ok", fn(**args)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a raising tool (even SystemExit) is data
+        return "error", exc
+
+
 def _run_in_thread(fn: Any, args: dict[str, Any], timeout_s: float | None,
                    grace: float = 0.0) -> tuple[str, Any]:
     if timeout_s is None:
-        try:
-            return "ok", fn(**args)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - a raising tool (even SystemExit) is data
-            return "error", exc
+        return _invoke(fn, args)
     worker = _IDLE.pop() if _IDLE else _Worker()
     deadline = time.monotonic() + timeout_s
     worker.jobs.put((fn, args, deadline))

@@ -37,11 +37,12 @@ class _Strict(BaseModel):
 class Tool:
     """One tool. Build from a function with `tool(fn, ...)` or from a JSON schema with `Tool.from_schema`.
 
-    isolation: "thread" runs the function in a worker thread; its timeout stops the waiting, NOT the
-    work (Python threads cannot be killed). "process" runs it in a child process that is killed at the
-    timeout, so the work stops too (arguments and result must be picklable). "inline" runs it on the
-    loop's own thread with NO timeout: for pure, fast functions only (it saves the thread hand-off,
-    about 100 µs a call on a small VM); the run's clock is checked again after it returns.
+    isolation: "thread" (the default) runs the function on the ring's own thread under the timeout;
+    at the timeout the run goes on without it (on a fresh thread), so the timeout stops the waiting,
+    NOT the work (Python threads cannot be killed). "process" runs it in a child process that is
+    killed at the timeout, so the work stops too (arguments and result must be picklable). "inline"
+    runs it with NO timeout: for pure, fast functions only; the run's clock is checked again after
+    it returns.
     """
 
     name: str
@@ -70,7 +71,9 @@ class Tool:
                 bound = self.args_model.model_validate(args)
             except ValidationError as exc:
                 raise ArgumentError(_describe(exc)) from None
-            return dict(bound)  # field name -> value, defaults applied (extra keys are forbidden)
+            # field name -> value, defaults applied (extra keys are forbidden). Not dict(bound): its
+            # hasattr(bound, "keys") goes through pydantic's __getattr__, ~40 µs a call.
+            return dict(bound.__dict__)
         problem = validate_schema(args, self.parameters)
         if problem:
             raise ArgumentError(problem)

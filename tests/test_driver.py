@@ -1,0 +1,217 @@
+"""Where the ring runs (_driver): tools on the ring's own thread, timeouts by one watchdog that hands
+the run to a fresh thread, Ctrl-C thrown into the ring wherever it is, runner threads reused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from loopfence import Limits, RunLog, ScriptedModel, StopReason, run, tool
+from loopfence._driver import Op, Slot, run_to_end
+from loopfence.testing import calls_reply, text_reply, tool_call
+from loopfence.tools._executor import Executor
+
+
+def _events(log: RunLog, kind: str) -> list[dict]:
+    return [e for e in log.events if e["event"] == kind]
+
+
+@pytest.fixture
+def release():
+    """Set it to let `hang` return; it is set at teardown whatever happens."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _hang_tool(release: threading.Event):
+    def hang() -> str:
+        release.wait(30)  # far past any timeout here: only the watchdog can answer the ring
+        return "late"
+    return tool(hang)
+
+
+def _hang_then_answer() -> ScriptedModel:
+    return ScriptedModel([calls_reply(tool_call("hang", "{}")), text_reply("ok")])
+
+
+def test_a_hung_tool_times_out_and_the_run_goes_on_without_it() -> None:
+    release = threading.Event()
+    threads: list[int] = []
+
+    def hang(n: int) -> str:
+        threads.append(threading.get_ident())
+        if n == 0:
+            release.wait(30)  # far past the timeout: only the watchdog can answer the ring
+        return f"done {n}"
+
+    log = RunLog(None)
+    replies = [calls_reply(tool_call("hang", n=0)), calls_reply(tool_call("hang", n=1)), text_reply("ok")]
+    started = time.monotonic()
+    result = run("t", model=ScriptedModel(replies), tools=[tool(hang)],
+                 limits=Limits(tool_timeout_s=0.3), log=log)
+    waited = time.monotonic() - started
+    release.set()
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    assert waited < 10  # the caller got control back long before the tool returned
+    first, second = (json.loads(e["content"]) if e["content"].startswith("{") else e["content"]
+                     for e in _events(log, "result"))
+    assert first["error"] == "timeout" and "may still be running" in first["message"]
+    assert second == "done 1"
+    assert threads[0] != threads[1]  # the abandoned thread was not the one that went on
+    assert result.ledger.tool_executions == 2
+
+
+def test_the_abandoned_tool_returning_later_changes_nothing() -> None:
+    release = threading.Event()
+    returned = threading.Event()
+
+    def hang() -> str:
+        release.wait(30)
+        returned.set()
+        return "late"
+
+    log = RunLog(None)
+    result = run("t", model=ScriptedModel([calls_reply(tool_call("hang", "{}")), text_reply("ok")]),
+                 tools=[tool(hang)], limits=Limits(tool_timeout_s=0.2), log=log)
+    n_events = len(log.events)
+    release.set()
+    assert returned.wait(5)
+    time.sleep(0.1)  # let the old thread try to claim the finished call
+    assert len(log.events) == n_events and log.events[-1]["event"] == "stop"
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    assert [e["error"] for e in _events(log, "result")] == ["timeout"]
+
+
+def test_a_short_timeout_is_not_held_up_by_a_long_one_already_armed(release) -> None:
+    """The watchdog sleeps until the earliest deadline: a run armed with 30 s must not delay another
+    run's 0.2 s timeout."""
+    long_run = threading.Thread(target=run, args=("t",), kwargs=dict(
+        model=_hang_then_answer(), tools=[_hang_tool(release)], limits=Limits(tool_timeout_s=30),
+        log=RunLog(None)))
+    long_run.start()
+    time.sleep(0.2)  # the long deadline is armed first
+    started = time.monotonic()
+    result = run("t", model=_hang_then_answer(), tools=[_hang_tool(release)],
+                 limits=Limits(tool_timeout_s=0.2), log=RunLog(None))
+    assert time.monotonic() - started < 10
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    release.set()
+    long_run.join(10)
+    assert not long_run.is_alive()
+
+
+def test_the_run_clock_bounds_a_hung_tool(release) -> None:
+    result = run("t", model=_hang_then_answer(), tools=[_hang_tool(release)],
+                 limits=Limits(tool_timeout_s=None, max_wall_seconds=0.5), log=RunLog(None))
+    assert result.stop.reason is StopReason.MAX_WALL_SECONDS
+
+
+def test_ctrl_c_during_a_model_call_ends_the_run_cancelled_with_a_complete_log() -> None:
+    class Interrupting(ScriptedModel):
+        def complete(self, request):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the caller's thread takes over long before this returns
+            return super().complete(request)
+
+    log = RunLog(None)
+    started = time.monotonic()
+    result = run("t", model=Interrupting([text_reply("never")]), log=log)
+    assert time.monotonic() - started < 4
+    assert result.stop.reason is StopReason.CANCELLED
+    assert log.events[-1]["event"] == "stop" and log.events[-1]["reason"] == "cancelled"
+
+
+def test_ctrl_c_between_operations_is_thrown_in_at_the_next_one() -> None:
+    """SIGINT while the ring is in its own logic (here a guard): nothing to take over, so the
+    ring stops before its next operation; the call it never started is answered not_executed."""
+    from loopfence._guards import Guard
+
+    class Slow(Guard):
+        def on_reply(self, s, calls) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)  # the main thread sees the Ctrl-C while the ring is still here
+
+    ran: list[str] = []
+
+    def work() -> str:
+        ran.append("x")
+        return "x"
+
+    log = RunLog(None)
+    result = run("t", model=ScriptedModel([calls_reply(tool_call("work", "{}")), text_reply("ok")]),
+                 tools=[tool(work)], guards=[Slow()], log=log)
+    assert result.stop.reason is StopReason.CANCELLED
+    assert ran == []
+    assert [e["error"] for e in _events(log, "result")] == ["not_executed"]
+
+
+def test_runner_threads_are_reused() -> None:
+    def noop(n: int) -> str:
+        return str(n)
+
+    for i in range(30):
+        run("t", model=ScriptedModel([calls_reply(tool_call("noop", n=i)), text_reply("ok")]),
+            tools=[tool(noop)], log=RunLog(None))
+    rings = [t for t in threading.enumerate() if t.name == "loopfence-ring"]
+    assert 1 <= len(rings) <= 4, len(rings)
+
+
+def test_cpu_seconds_of_the_ring_are_reported() -> None:
+    def spin() -> str:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        return "spun"
+
+    result = run("t", model=ScriptedModel([calls_reply(tool_call("spin", "{}")), text_reply("ok")]),
+                 tools=[tool(spin)], log=RunLog(None))
+    assert result.cpu_s is not None and result.cpu_s >= 0.05
+
+
+def test_executor_outside_a_run_still_times_out_by_hand_off(release) -> None:
+    started = time.monotonic()
+    res = Executor().execute(_hang_tool(release), {}, 0.2)
+    assert time.monotonic() - started < 10
+    assert res.error == "timeout"
+
+
+def test_a_slot_is_claimed_exactly_once_under_contention() -> None:
+    for _ in range(50):
+        slot = Slot()
+        wins: list[bool] = []
+        go = threading.Barrier(4)
+
+        def race() -> None:
+            go.wait()
+            wins.append(slot.claim())
+
+        threads = [threading.Thread(target=race) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(wins) == [False, False, False, True]
+
+
+def test_arming_outside_a_driven_run_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="outside a driven run"):
+        Slot().arm(time.monotonic() + 1, lambda: None)
+
+
+def test_an_error_escaping_the_ring_reaches_the_caller() -> None:
+    class Boom(Op):
+        def run(self):
+            return 1
+
+    def gen():
+        got = yield Boom()
+        raise SystemExit(f"got {got}")
+
+    with pytest.raises(SystemExit, match="got 1"):
+        run_to_end(gen())
