@@ -199,6 +199,39 @@ def test_the_request_never_outlives_the_run_deadline(fault):
     assert 0.55 < took < 1.0, took
 
 
+@pytest.mark.parametrize("fault,limits,kw,reason", [
+    ({"fault": "stall", "delay_s": 5}, {"max_wall_seconds": 0.6}, {}, StopReason.MAX_WALL_SECONDS),
+    ({"fault": "slow_stream", "delay_s": 0.2,
+      "chunks": [{"choices": [{"index": 0, "delta": {"content": "a"}}]}] * 50},
+     {"max_wall_seconds": 0.6}, {"stream": True}, StopReason.MAX_WALL_SECONDS),
+    ({"fault": "stall", "delay_s": 5}, {}, {"request_timeout": 0.3}, StopReason.ENDPOINT_ERROR),
+])
+def test_inside_a_run_the_deadline_is_kept_without_a_thread_per_request(fault, limits, kw, reason,
+                                                                        monkeypatch):
+    """In a run, the ring's watchdog (not a new thread) answers at the deadline; the log is complete."""
+    import threading
+
+    from loopfence import Limits, RunLog, run
+
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(self):
+        started.append(self.name)
+        real_start(self)
+
+    log = RunLog(None)
+    with FakeServer([fault]) as srv, model(srv, timeout=Timeouts(read=30), **kw) as m:
+        monkeypatch.setattr(threading.Thread, "start", counting_start)
+        t = time.monotonic()
+        result = run("t", model=m, limits=Limits(**limits), log=log)
+        took = time.monotonic() - t
+    assert result.stop.reason is reason, result.stop
+    assert took < 3, took
+    assert log.events[-1]["event"] == "stop"
+    assert "loopfence-http" not in started, started
+
+
 def test_request_timeout_is_an_endpoint_error():
     with FakeServer([{"fault": "stall", "delay_s": 5}]) as srv, \
             model(srv, request_timeout=0.3, timeout=Timeouts(read=30)) as m:

@@ -1,8 +1,8 @@
 """5. Concurrency: 1, 10, 100, 1,000 runs at once (threads), each a real loopfence run with default
 limits, guards and a run log file, through OpenAIModel over HTTP to the loopback FakeServer.
 
-Harness cost per step = the run thread's own CPU time (time.thread_time: the ring and the HTTP
-client; the server's threads are not in it) / model requests, median over the runs of a level. Also
+Harness cost per step = the CPU time of the threads that ran the ring (RunResult.cpu_s: the ring
+and the HTTP client; the server's threads are not in it) / model requests, median over the runs of a level. Also
 shown: wall time per step amortized over the level (everything, server included, on 2 cores) and
 the whole process's CPU per step.
 """
@@ -103,11 +103,10 @@ def _level(srv: FakeServer, n: int, log_dir: Path) -> tuple[list[RunCost], float
     def one(k: int) -> None:
         model = TimedModel(OpenAIModel(srv.base_url, "fake"))
         gate.wait()
-        start = time.thread_time()
         result = lf_run("Do the task.", model=model, tools=tools, log=log_dir / f"run-{n}-{k}.jsonl")
-        cpu = time.thread_time() - start
         model.inner.close()
-        costs[k] = RunCost(result.ledger.model_requests, cpu, model.cpu, result.final_answer == "done",
+        assert result.cpu_s is not None  # CPU of the threads that ran the ring (not this caller's)
+        costs[k] = RunCost(result.ledger.model_requests, result.cpu_s, model.cpu, result.final_answer == "done",
                            str(result.stop.reason))
 
     threads = [threading.Thread(target=one, args=(k,), name=f"bench-run-{k}") for k in range(n)]

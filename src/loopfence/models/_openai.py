@@ -5,8 +5,9 @@
 
 Time: every phase (connect, write, pool, read = the gap between chunks) has a timeout, capped by
 what is left until the request's deadline: `request.deadline` (the run's max_wall_seconds) and
-`request_timeout`, whichever is sooner. When a deadline is set the exchange runs in a worker
-thread and `complete` returns at the deadline whatever the socket does (the socket is shut down).
+`request_timeout`, whichever is sooner. When a deadline is set, the run gets its answer at the
+deadline whatever the socket does (the socket is shut down): inside a run, the ring's watchdog
+answers (no thread per request); called directly, the exchange runs in a worker thread.
 
 Retries (max_retries, exponential backoff with jitter): connection errors and timeouts before a
 response, HTTP 408, 409, 429 and 5xx, and a non-streamed body cut short. `Retry-After` (or
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from .._driver import current_slot
 from .._messages import Reply, Request
 from .._stops import StopError, StopReason
 from ._errors import error_stop
@@ -206,6 +208,16 @@ class OpenAIModel:
         if deadline is None:
             return self._exchange(body, tools, None, _Exchange())
         ex = _Exchange()
+        slot = current_slot()
+        if slot is not None:  # on the ring's runner: the watchdog answers the ring at the deadline
+
+            def expired() -> Reply:
+                _abandon(ex)
+                self._check_time(deadline, run, "the model request", force=True)
+                raise AssertionError("unreachable: _check_time(force=True) raises")
+
+            slot.arm(deadline, expired)
+            return self._exchange(body, tools, deadline, ex)
         worker = threading.Thread(target=self._work, args=(ex, body, tools, deadline), daemon=True,
                                   name="loopfence-http")
         worker.start()
