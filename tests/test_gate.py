@@ -237,3 +237,33 @@ def test_ring_gate_can_be_replaced_to_gate_nothing():
                    calls_reply(tool_call("run_command", command="ls")), text_reply("ok"))
     run("t", model=model, tools=REG, log=RunLog(None), gate=UntrustedGate(privileged=()))
     assert RAN == ["ls"]
+
+
+@pytest.mark.timeout(30)  # before, this hung: the prompt blocked the ring and Ctrl-C waited for it
+def test_ctrl_c_at_the_approval_prompt_ends_the_run_cancelled_with_a_complete_log():
+    """The prompt blocks on a terminal that never answers; Ctrl-C must still end the run, named."""
+    import os
+    import signal
+    import threading
+    import time
+
+    read_end, write_end = os.pipe()
+    stdin = os.fdopen(read_end, "r")
+    out = io.StringIO()
+    model = script(calls_reply(tool_call("read_page", path="p.html")),
+                   calls_reply(tool_call("deploy", target="prod")), text_reply("ok"))
+    log = RunLog(None)
+    timer = threading.Timer(0.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    try:
+        r = run("t", model=model, tools=REG, log=log, approve=ask_on_terminal(stdin, out))
+    finally:
+        timer.cancel()
+        os.close(write_end)
+    assert time.monotonic() - started < 5
+    assert "run it? [y/N]" in out.getvalue()
+    assert r.stop.reason is StopReason.CANCELLED and RAN == []
+    assert log.events[-1]["event"] == "stop"
+    deploy = [e for e in log.events if e["event"] == "result" and e["name"] == "deploy"]
+    assert [e["error"] for e in deploy] == ["not_executed"]

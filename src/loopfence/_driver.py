@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any
 
-__all__ = ["Op", "Slot", "run_to_end", "current_slot", "interrupted"]
+__all__ = ["Op", "Slot", "run_to_end", "current_slot", "interrupted", "interruptible"]
 
 _INF = float("inf")
 _MAIN_WAKE_S = 0.25
@@ -94,6 +94,32 @@ def interrupted() -> bool:
     so that a call it never started is answered not_executed rather than outcome_unknown)."""
     ctl = _here.ctl
     return ctl is not None and ctl.interrupted
+
+
+def interruptible(fn: Callable[[], Any], poll_s: float = 0.1) -> Any:
+    """Call a blocking `fn` (a terminal prompt) from the ring's own logic so that Ctrl-C still ends
+    the run: outside a driven run this is just `fn()`; inside, `fn` runs on a helper thread and a
+    Ctrl-C for this run raises KeyboardInterrupt here (the helper is left blocked)."""
+    if _here.ctl is None:
+        return fn()
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - raised again on the ring's thread
+            box["error"] = err
+        finally:
+            done.set()
+
+    threading.Thread(target=work, daemon=True, name="loopfence-prompt").start()
+    while not done.wait(poll_s):
+        if interrupted():
+            raise KeyboardInterrupt
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 def run_to_end(gen: Generator[Op, Any, Any]) -> tuple[Any, float]:

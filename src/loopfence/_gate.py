@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ._driver import interruptible
 from ._guards import Guard
 from ._json import canonical_json
 from .tools._executor import ToolResult, refusal
@@ -169,7 +170,7 @@ def ask_on_terminal(stdin: TextIO | None = None, stderr: TextIO | None = None) -
         out.write(f"\nloopfence gate: {call.tool.name} {_clip(canonical_json(call.args), 400)}\n"
                   f"  {reason}\n  run it? [y/N] ")
         out.flush()
-        answer = inp.readline()
+        answer = interruptible(inp.readline)  # Ctrl-C at the prompt still ends the run, named
         return answer.strip().lower() in ("y", "yes")
 
     ask.mode = "ask"  # type: ignore[attr-defined]

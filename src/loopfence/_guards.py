@@ -189,26 +189,49 @@ class ResultContract(Guard):
 
 
 class Guards(Guard):
-    """Runs guards in order; the first stop wins."""
+    """Runs guards in order; the first stop wins. Each phase calls only the guards that watch it."""
 
     def __init__(self, guards: list[Guard]) -> None:
-        self.guards = guards
+        self.guards = tuple(guards)
+        self._before_request = _watching(self.guards, "before_request")
+        self._on_reply = _watching(self.guards, "on_reply")
+        self._before_execution = _watching(self.guards, "before_execution")
+        self._after_execution = _watching(self.guards, "after_execution")
+        self._after_turn = _watching(self.guards, "after_turn")
 
     def before_request(self, s: RunState) -> Stop | None:
-        return next((x for g in self.guards if (x := g.before_request(s))), None)
+        for phase in self._before_request:
+            if x := phase(s):
+                return x
+        return None
 
     def on_reply(self, s: RunState, calls: list[CheckedCall]) -> None:
-        for g in self.guards:
-            g.on_reply(s, calls)
+        for phase in self._on_reply:
+            phase(s, calls)
 
     def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | ToolResult | None:
-        return next((x for g in self.guards if (x := g.before_execution(s, c, reuse))), None)
+        for phase in self._before_execution:
+            if x := phase(s, c, reuse):
+                return x
+        return None
 
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
-        return next((x for g in self.guards if (x := g.after_execution(s, c, r))), None)
+        for phase in self._after_execution:
+            if x := phase(s, c, r):
+                return x
+        return None
 
     def after_turn(self, s: RunState, results: list[ToolResult]) -> Stop | None:
-        return next((x for g in self.guards if (x := g.after_turn(s, results))), None)
+        for phase in self._after_turn:
+            if x := phase(s, results):
+                return x
+        return None
+
+
+def _watching(guards: tuple[Guard, ...], phase: str) -> tuple[Any, ...]:
+    """The guards' bound `phase` methods, leaving out those that inherit Guard's allow-all one."""
+    base = getattr(Guard, phase)
+    return tuple(m for g in guards if getattr(m := getattr(g, phase), "__func__", None) is not base)
 
 
 def default_guards(limits: Any, extra: list[Guard] | None = None, gate: Guard | None = None) -> Guards:
