@@ -249,17 +249,20 @@ def test_ctrl_c_at_the_approval_prompt_ends_the_run_cancelled_with_a_complete_lo
 
     read_end, write_end = os.pipe()
     stdin = os.fdopen(read_end, "r")
-    out = io.StringIO()
+
+    class Terminal(io.StringIO):  # Ctrl-C once the prompt is on the screen
+        def flush(self) -> None:
+            if "run it?" in self.getvalue():
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    out = Terminal()
     model = script(calls_reply(tool_call("read_page", path="p.html")),
                    calls_reply(tool_call("deploy", target="prod")), text_reply("ok"))
     log = RunLog(None)
-    timer = threading.Timer(0.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
-    timer.start()
     started = time.monotonic()
     try:
         r = run("t", model=model, tools=REG, log=log, approve=ask_on_terminal(stdin, out))
     finally:
-        timer.cancel()
         os.close(write_end)
     assert time.monotonic() - started < 5
     assert "run it? [y/N]" in out.getvalue()

@@ -46,8 +46,7 @@ def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False,
             inline_tools: bool = False) -> Callable[[], Outcome]:
     """Build the tools now; the returned call runs the loop (this is what the overhead section times).
 
-    inline_tools (a diagnostic): no tool timeout and no wall clock, so the executor calls tools
-    directly instead of starting a thread per execution.
+    inline_tools (a diagnostic): no tool timeout and no wall clock, so no deadline is armed per call.
     """
     source = Source(script, cap)
     tools = [tool(fn, kind=script.kinds.get(name, "side_effect")) for name, fn in ws.tools.items()]

@@ -94,8 +94,9 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
         table(["framework", *(f"µs/step @{n}" for n in ns), f"growth {ns[0]}→{ns[-1]}",
                f"peak MiB @{ns[-1]}"], rows),
         "`loopfence (tools inline)` is a diagnostic, not a default: `tool_timeout_s=None` and "
-        "`max_wall_seconds=None`, so the executor calls the tool directly instead of handing it to a "
-        "tool thread (the thread is what lets a tool timeout stop the waiting).",
+        "`max_wall_seconds=None`, so no deadline is armed with the watchdog for each call. With the "
+        "defaults, tools also run on the ring's own thread; the timeout is kept by one watchdog thread "
+        "that takes the run over only if a deadline passes (no thread hand-off per call).",
     ]
     data: dict[str, Any] = {"ns": list(ns), "reps": reps, "per_step_us": per_step, "peak_mib": peaks}
     if "loopfence" in frameworks:

@@ -18,12 +18,13 @@ The caller waits once per run (two wake-ups per run, not per call).
 from __future__ import annotations
 
 import _thread
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Generator
 from typing import Any
 
-__all__ = ["Op", "Slot", "run_to_end", "current_slot", "interrupted", "interruptible"]
+__all__ = ["Op", "Slot", "run_to_end", "take_slot", "interrupted", "interruptible"]
 
 _INF = float("inf")
 _MAIN_WAKE_S = 0.25
@@ -42,29 +43,46 @@ class Op:
 class Slot:
     """One operation in flight. `claim()` is true for exactly one caller: that caller continues the run."""
 
-    __slots__ = ("_won", "deadline", "on_timeout")
+    __slots__ = ("_won", "ctl", "deadline", "on_timeout", "on_cancel")
 
-    def __init__(self) -> None:
+    def __init__(self, ctl: _Ctl | None = None) -> None:
         self._won = _thread.allocate_lock()
+        self.ctl = ctl
         self.deadline: float | None = None  # monotonic; set by `arm`
-        self.on_timeout: Callable[[], Any] | None = None
+        self.on_timeout: Callable[[], Any] | None = None  # its value (or error) goes to the ring
+        self.on_cancel: Callable[[], None] | None = None  # stops the work when Ctrl-C takes over
 
     def claim(self) -> bool:
         return self._won.acquire(False)
 
     def arm(self, deadline: float, on_timeout: Callable[[], Any]) -> None:
-        """Past `deadline`, the watchdog claims this slot and the run goes on with `on_timeout()`."""
+        """Past `deadline`, the watchdog claims this slot and the run goes on with `on_timeout()`
+        (its return value, or what it raises, is what the ring's operation gives)."""
+        if self.ctl is None:
+            raise RuntimeError("Slot.arm outside a driven run")
         self.on_timeout = on_timeout
-        _WATCHDOG.arm(_here.ctl, self, deadline)
+        _WATCHDOG.arm(self.ctl, self, deadline)
+
+    def disarm(self) -> None:
+        self.deadline = None
+
+    def cancel(self) -> None:
+        """Stop the operation's work, if it said how (the one that claimed the slot calls this)."""
+        if self.on_cancel is not None:
+            try:
+                self.on_cancel()
+            except Exception:  # noqa: BLE001, S110 - best effort: the run ends cancelled anyway
+                pass
 
 
 class _Ctl:
     """One run being driven: its generator, the operation in flight, and how it ended."""
 
-    __slots__ = ("gen", "slot", "interrupted", "finished", "done", "result", "error", "cpu_s")
+    __slots__ = ("gen", "context", "slot", "interrupted", "finished", "done", "result", "error", "cpu")
 
     def __init__(self, gen: Generator[Op, Any, Any]) -> None:
         self.gen = gen
+        self.context = contextvars.copy_context()  # the caller's context vars, on every runner
         self.slot: Slot | None = None
         self.interrupted = False
         self.finished = False
@@ -72,7 +90,18 @@ class _Ctl:
         self.done.acquire()
         self.result: Any = None
         self.error: BaseException | None = None
-        self.cpu_s = 0.0
+        self.cpu: list[float] = []  # CPU seconds per thread segment (appends are atomic)
+
+    def finish(self) -> None:
+        self.slot = None
+        _WATCHDOG.forget(self)
+        self.finished = True
+        self.done.release()
+
+    def fail(self, err: BaseException) -> None:
+        """The run cannot go on (no thread to drive it): the caller gets `err`."""
+        self.error = err
+        self.finish()
 
 
 class _Here(threading.local):
@@ -83,10 +112,12 @@ class _Here(threading.local):
 _here = _Here()
 
 
-def current_slot() -> Slot | None:
-    """The slot of the operation this thread is performing for a run, if any: a tool executed under
-    it may `arm` a deadline instead of handing itself to another thread."""
-    return _here.slot
+def take_slot() -> Slot | None:
+    """The slot of the operation this thread is performing for a run, if any, handed out once: the
+    code that performs the operation (the executor, a model adapter) may `arm` a deadline on it or
+    set `on_cancel`; code it calls in turn (a tool that itself calls a model) gets None."""
+    slot, _here.slot = _here.slot, None
+    return slot
 
 
 def interrupted() -> bool:
@@ -104,10 +135,11 @@ def interruptible(fn: Callable[[], Any], poll_s: float = 0.1) -> Any:
         return fn()
     box: dict[str, Any] = {}
     done = threading.Event()
+    context = contextvars.copy_context()
 
     def work() -> None:
         try:
-            box["value"] = fn()
+            box["value"] = context.run(fn)
         except BaseException as err:  # noqa: BLE001 - raised again on the ring's thread
             box["error"] = err
         finally:
@@ -136,11 +168,13 @@ def run_to_end(gen: Generator[Op, Any, Any]) -> tuple[Any, float]:
         ctl.interrupted = True  # the runner checks this before each operation...
         slot = ctl.slot  # ...and an operation in flight is taken over here
         if slot is not None and slot.claim():
-            _drive(ctl, None, KeyboardInterrupt())
+            slot.cancel()
+            if _drive(ctl, None, KeyboardInterrupt()):
+                ctl.finish()
         _wait(ctl)
     if ctl.error is not None:
         raise ctl.error
-    return ctl.result, ctl.cpu_s
+    return ctl.result, sum(ctl.cpu)
 
 
 def _wait(ctl: _Ctl) -> None:
@@ -151,9 +185,9 @@ def _wait(ctl: _Ctl) -> None:
         ctl.done.acquire(timeout=timeout)
 
 
-def _drive(ctl: _Ctl, value: Any, exc: BaseException | None) -> None:
-    """Send outcomes into the generator and perform what it yields, until it ends or another
-    thread claims the operation in flight."""
+def _drive(ctl: _Ctl, value: Any, exc: BaseException | None) -> bool:
+    """Send outcomes into the generator and perform what it yields, until it ends (True: the
+    caller then calls ctl.finish()) or another thread claims the operation in flight (False)."""
     outer = (_here.ctl, _here.slot)
     _here.ctl = ctl
     cpu = time.thread_time()
@@ -169,10 +203,10 @@ def _drive(ctl: _Ctl, value: Any, exc: BaseException | None) -> None:
                 ctl.error = err
                 break
             value, exc = None, None
-            slot = ctl.slot = Slot()
+            slot = ctl.slot = Slot(ctl)
             if ctl.interrupted:
                 if not slot.claim():
-                    return  # the caller took it over
+                    return False  # the caller took it over
                 exc = KeyboardInterrupt()
                 continue
             _here.slot = slot
@@ -183,14 +217,11 @@ def _drive(ctl: _Ctl, value: Any, exc: BaseException | None) -> None:
             finally:
                 _here.slot = None
             if not slot.claim():
-                return  # timed out or interrupted: the run went on without this thread
+                return False  # timed out or interrupted: the run went on without this thread
     finally:
-        ctl.cpu_s += time.thread_time() - cpu
+        ctl.cpu.append(time.thread_time() - cpu)
         _here.ctl, _here.slot = outer
-    ctl.slot = None
-    _WATCHDOG.forget(ctl)
-    ctl.finished = True
-    ctl.done.release()
+    return True
 
 
 class _Runner:
@@ -207,8 +238,14 @@ class _Runner:
             self._go.acquire()
             job, self.job = self.job, None
             assert job is not None
-            _drive(*job)
-            _IDLE.append(self)
+            ctl = job[0]
+            try:  # in a copy: the thread it went on from may still be inside the original
+                ended = ctl.context.copy().run(_drive, *job)
+            except BaseException as err:  # noqa: BLE001 - never lose the run, never lose the thread
+                ctl.error, ended = err, True
+            _IDLE.append(self)  # back in the pool before the caller wakes: a next run reuses it
+            if ended:
+                ctl.finish()
 
     def start(self, ctl: _Ctl, value: Any, exc: BaseException | None) -> None:
         self.job = (ctl, value, exc)
@@ -219,7 +256,11 @@ _IDLE: list[_Runner] = []  # list.pop/append are atomic: concurrent runs share t
 
 
 def _submit(ctl: _Ctl, value: Any, exc: BaseException | None) -> None:
-    (_IDLE.pop() if _IDLE else _Runner()).start(ctl, value, exc)
+    try:
+        runner = _IDLE.pop()
+    except IndexError:  # (not `if _IDLE`: another thread may take the last one in between)
+        runner = _Runner()
+    runner.start(ctl, value, exc)
 
 
 class _Watchdog:
@@ -232,9 +273,9 @@ class _Watchdog:
         self._target = _INF
         self._thread: threading.Thread | None = None
 
-    def arm(self, ctl: _Ctl | None, slot: Slot, deadline: float) -> None:
-        if ctl is None:
-            raise RuntimeError("Slot.arm outside a driven run")
+    def arm(self, ctl: _Ctl, slot: Slot, deadline: float) -> None:
+        if slot._won.locked() or ctl.finished:
+            return  # the operation is over (an abandoned tool arming late): nothing to watch
         with self._cond:
             slot.deadline = deadline
             self._runs.add(ctl)
@@ -269,11 +310,15 @@ class _Watchdog:
                     self._cond.wait(None if target == _INF else target - now)
                     continue
             for ctl, slot in expired:  # the run goes on, on a fresh runner, with the timeout result
-                assert slot.on_timeout is not None
+                value, exc = None, None
                 try:
-                    _submit(ctl, slot.on_timeout(), None)
+                    value = slot.on_timeout() if slot.on_timeout is not None else None
                 except BaseException as err:  # noqa: BLE001 - the ring decides what an error means
-                    _submit(ctl, None, err)
+                    exc = err
+                try:
+                    _submit(ctl, value, exc)
+                except BaseException as err:  # noqa: BLE001 - e.g. no thread can be started
+                    ctl.fail(err)
 
 
 _WATCHDOG = _Watchdog()

@@ -106,7 +106,9 @@ class UntrustedGate(Guard):
             return None
         reason = self.taint.reason()
         try:
-            ok = bool(self.approve(c, reason)) if self.approve is not None else False
+            hook = self.approve
+            # a hook may block on a person: Ctrl-C meanwhile still ends the run, named
+            ok = bool(interruptible(lambda: hook(c, reason))) if hook is not None else False
         except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
             ok, reason = False, f"{reason}; approval hook failed: {type(exc).__name__}: {exc}"
         if ok:
@@ -170,7 +172,7 @@ def ask_on_terminal(stdin: TextIO | None = None, stderr: TextIO | None = None) -
         out.write(f"\nloopfence gate: {call.tool.name} {_clip(canonical_json(call.args), 400)}\n"
                   f"  {reason}\n  run it? [y/N] ")
         out.flush()
-        answer = interruptible(inp.readline)  # Ctrl-C at the prompt still ends the run, named
+        answer = inp.readline()
         return answer.strip().lower() in ("y", "yes")
 
     ask.mode = "ask"  # type: ignore[attr-defined]

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from .._driver import current_slot
+from .._driver import Slot, take_slot
 from .._messages import Reply, Request
 from .._stops import StopError, StopReason
 from ._errors import error_stop
@@ -139,11 +139,12 @@ class OpenAIModel:
         own = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         run = request.deadline
         deadline = run if own is None else own if run is None else min(run, own)
+        slot = take_slot()  # inside a run: this thread is the ring's, and the watchdog keeps time
         retry = 0
         while True:
             self._check_time(deadline, run, "the model request")
             try:
-                return self._attempt(body, tools, deadline, run)
+                return self._attempt(body, tools, deadline, run, slot)
             except _Retry as r:
                 retry += 1
                 status = r.stop.stop.data.get("status")
@@ -204,20 +205,24 @@ class OpenAIModel:
 
     # -- one attempt -----------------------------------------------------------------------------
     def _attempt(self, body: dict[str, Any], tools: tuple[str, ...], deadline: float | None,
-                 run: float | None) -> Reply:
-        if deadline is None:
-            return self._exchange(body, tools, None, _Exchange())
+                 run: float | None, slot: Slot | None = None) -> Reply:
         ex = _Exchange()
-        slot = current_slot()
         if slot is not None:  # on the ring's runner: the watchdog answers the ring at the deadline
+            slot.on_cancel = lambda: _abandon(ex)  # and a Ctrl-C stops the exchange, not just the wait
 
             def expired() -> Reply:
                 _abandon(ex)
                 self._check_time(deadline, run, "the model request", force=True)
                 raise AssertionError("unreachable: _check_time(force=True) raises")
 
-            slot.arm(deadline, expired)
-            return self._exchange(body, tools, deadline, ex)
+            if deadline is not None:
+                slot.arm(deadline, expired)
+            try:
+                return self._exchange(body, tools, deadline, ex)
+            finally:
+                slot.disarm()
+        if deadline is None:
+            return self._exchange(body, tools, None, ex)
         worker = threading.Thread(target=self._work, args=(ex, body, tools, deadline), daemon=True,
                                   name="loopfence-http")
         worker.start()

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .._driver import Slot, current_slot
+from .._driver import Slot, take_slot
 from .._json import canonical_json, fingerprint
 from ._registry import Tool, ToolKind
 
@@ -101,15 +101,15 @@ class Executor:
 
     def execute(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
         start = time.monotonic()
+        slot = take_slot()  # set when the ring's runner performs this call (None for nested calls)
         if t.isolation == "process":
             from ._process import run_in_process  # local import: only process tools pay for it
 
-            status, value = run_in_process(t.fn, args, timeout_s)
+            status, value = run_in_process(t.fn, args, timeout_s, on_start=_cancel_by(slot))
         elif t.isolation == "inline":
             status, value = _run_in_thread(t.fn, args, None)
         else:
             grace = SELF_TIMED_GRACE_S if t.self_timed and timeout_s is not None else 0.0
-            slot = current_slot()
             if slot is not None and timeout_s is not None:  # the ring's runner: no hand-off
                 status, value = _run_here(t.fn, args, slot, start + timeout_s, grace,
                                           lambda: self._timed_out(t, timeout_s, time.monotonic() - start))
@@ -175,11 +175,21 @@ def _run_here(fn: Any, args: dict[str, Any], slot: Slot, deadline: float, grace:
     """Run on this (the ring's) thread; past the deadline the watchdog answers the ring with
     `on_timeout()` and the run goes on elsewhere while this thread finishes the tool unobserved."""
     slot.arm(deadline + grace, on_timeout)
-    _call.deadline = deadline
+    outer, _call.deadline = getattr(_call, "deadline", None), deadline
     try:
         return _invoke(fn, args)
     finally:
-        _call.deadline = None
+        _call.deadline = outer
+
+
+def _cancel_by(slot: Slot | None) -> Any:
+    """For a process tool: let a Ctrl-C that takes the run over kill the child's tree."""
+    if slot is None:
+        return None
+
+    def started(kill: Any) -> None:
+        slot.on_cancel = kill
+    return started
 
 
 def _invoke(fn: Any, args: dict[str, Any]) -> tuple[str, Any]:
@@ -195,7 +205,10 @@ def _run_in_thread(fn: Any, args: dict[str, Any], timeout_s: float | None,
                    grace: float = 0.0) -> tuple[str, Any]:
     if timeout_s is None:
         return _invoke(fn, args)
-    worker = _IDLE.pop() if _IDLE else _Worker()
+    try:
+        worker = _IDLE.pop()
+    except IndexError:  # (not `if _IDLE`: another thread may take the last one in between)
+        worker = _Worker()
     deadline = time.monotonic() + timeout_s
     worker.jobs.put((fn, args, deadline))
     try:

@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import signal
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ._reap import MARKER_ENV, exited, kill_tree
@@ -69,13 +70,23 @@ def _kill(pid: int) -> None:
         pass
 
 
-def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:
+def _kill_all(pid: int, marker: str) -> None:
+    kill_tree(pid, marker, KILL_GRACE_S)
+    if not exited(pid):  # not yet its own group (no setsid yet): kill it by pid
+        _kill(pid)
+
+
+def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None,
+                   on_start: Callable[[Callable[[], None]], None] | None = None) -> tuple[str, Any]:
+    """on_start(kill): told how to kill the child's tree from another thread (a Ctrl-C)."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     marker = uuid.uuid4().hex
     proc = ctx.Process(target=_child, args=(child, fn, args, marker, os.getpid()), daemon=True)
     proc.start()
     child.close()
+    if on_start is not None and proc.pid:
+        on_start(lambda: _kill_all(proc.pid, marker))
     status: tuple[str, Any] | None = None
     try:
         if not _ready(parent):
@@ -90,9 +101,7 @@ def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tu
     finally:
         # before any join: an unreaped child keeps its pid, so the group id cannot be reused
         if proc.pid:
-            kill_tree(proc.pid, marker, KILL_GRACE_S)
-            if not exited(proc.pid):  # not yet its own group (no setsid yet): kill it by pid
-                _kill(proc.pid)
+            _kill_all(proc.pid, marker)
         proc.join(1.0)
         parent.close()
     if status is None:
