@@ -66,3 +66,28 @@ def test_unknown_section_is_a_usage_error() -> None:
     proc = subprocess.run([sys.executable, str(RUN), "--only", "nope"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0 and "unknown 'nope'" in proc.stderr
+
+
+def test_the_profile_drives_a_real_run_on_the_profiled_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The profile section (run only where pyinstrument is installed) drives the ring on the calling
+    thread; it must return what the real driver returns."""
+    import threading
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.sections import profile
+
+    from loopfence import RunLog, ScriptedModel, run, tool
+    from loopfence import _loop
+    from loopfence.testing import calls_reply, text_reply, tool_call
+
+    threads: list[int] = []
+
+    def where() -> str:
+        threads.append(threading.get_ident())
+        return "here"
+
+    monkeypatch.setattr(_loop, "run_to_end", profile._on_this_thread)
+    result = run("t", model=ScriptedModel([calls_reply(tool_call("where", "{}")), text_reply("done")]),
+                 tools=[tool(where)], log=RunLog(None))
+    assert result.final_answer == "done" and result.cpu_s is not None
+    assert threads == [threading.get_ident()]

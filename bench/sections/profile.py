@@ -40,4 +40,4 @@ def _on_this_thread(gen: Any) -> tuple[Any, float]:
     _driver._drive(ctl, None, None)
     if ctl.error is not None:
         raise ctl.error
-    return ctl.result, ctl.cpu_s
+    return ctl.result, sum(ctl.cpu)
