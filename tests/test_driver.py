@@ -243,14 +243,14 @@ def test_code_a_tool_calls_does_not_take_the_outer_tools_deadline(nested) -> Non
             inner = run("inner", model=_hang_then_answer_with("inner_noop"), tools=[tool(inner_noop)],
                         limits=Limits(tool_timeout_s=30), log=RunLog(None))
             assert inner.final_answer == "ok"
-        time.sleep(3)
+        time.sleep(10)  # far past the 0.5 s timeout
         return "outer"
 
     log = RunLog(None)
     started = time.monotonic()
     result = run("t", model=_hang_then_answer_with("outer"), tools=[tool(outer)],
                  limits=Limits(tool_timeout_s=0.5), log=log)
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 6
     assert result.stop.reason is StopReason.FINAL_ANSWER
     assert [e["error"] for e in _events(log, "result")] == ["timeout"]
 
