@@ -200,32 +200,27 @@ class Guards(Guard):
         self._after_turn = _watching(self.guards, "after_turn")
 
     def before_request(self, s: RunState) -> Stop | None:
-        for phase in self._before_request:
-            if x := phase(s):
-                return x
-        return None
+        return _first(self._before_request, s)
 
     def on_reply(self, s: RunState, calls: list[CheckedCall]) -> None:
         for phase in self._on_reply:
             phase(s, calls)
 
     def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | ToolResult | None:
-        for phase in self._before_execution:
-            if x := phase(s, c, reuse):
-                return x
-        return None
+        return _first(self._before_execution, s, c, reuse)
 
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
-        for phase in self._after_execution:
-            if x := phase(s, c, r):
-                return x
-        return None
+        return _first(self._after_execution, s, c, r)
 
     def after_turn(self, s: RunState, results: list[ToolResult]) -> Stop | None:
-        for phase in self._after_turn:
-            if x := phase(s, results):
-                return x
-        return None
+        return _first(self._after_turn, s, results)
+
+
+def _first(phases: tuple[Any, ...], *args: Any) -> Any:
+    for phase in phases:
+        if x := phase(*args):
+            return x
+    return None
 
 
 def _watching(guards: tuple[Guard, ...], phase: str) -> tuple[Any, ...]:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ._compact import Compaction
-from ._driver import Op, interrupted, run_to_end
 from ._contract import CheckedCall, ContractResult, check_reply, requested_max_tokens
+from ._driver import Op, interrupted, run_to_end
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard, Guards, default_guards
 from ._limits import Limits, Policy
