@@ -9,7 +9,8 @@ import json
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -105,7 +106,9 @@ class Executor:
         if t.isolation == "process":
             from ._process import run_in_process  # local import: only process tools pay for it
 
-            status, value = run_in_process(t.fn, args, timeout_s, on_start=_cancel_by(slot))
+            # a Ctrl-C that takes the run over kills the child's tree through slot.on_cancel
+            told = None if slot is None else partial(setattr, slot, "on_cancel")
+            status, value = run_in_process(t.fn, args, timeout_s, on_start=told)
         elif t.isolation == "inline":
             status, value = _run_in_thread(t.fn, args, None)
         else:
@@ -132,14 +135,14 @@ class Executor:
             content, ok, error = _render(value)
             return ToolResult(cap_text(content, self.result_cap), ok, "executed", duration, error,
                               violation, untrusted)
-        return ToolResult(res.content, res.ok, "executed", duration, res.error, None, t.untrusted)
+        return replace(res, duration_s=duration, untrusted=t.untrusted)
 
     def _timed_out(self, t: Tool, timeout_s: float | None, duration: float) -> ToolResult:
         stopped = "the work was stopped" if t.isolation == "process" else \
             "the waiting was stopped; an in-thread tool cannot be killed and may still be running"
         res = error_result("timeout", tool=t.name, timeout_s=timeout_s, message=(
             f"{t.name} did not finish within {timeout_s:g}s; {stopped}"))
-        return ToolResult(res.content, res.ok, "executed", duration, res.error, None, t.untrusted)
+        return replace(res, duration_s=duration, untrusted=t.untrusted)
 
 
 def _check_result(t: Tool, value: Any) -> str | None:
@@ -180,16 +183,6 @@ def _run_here(fn: Any, args: dict[str, Any], slot: Slot, deadline: float, grace:
         return _invoke(fn, args)
     finally:
         _call.deadline = outer
-
-
-def _cancel_by(slot: Slot | None) -> Any:
-    """For a process tool: let a Ctrl-C that takes the run over kill the child's tree."""
-    if slot is None:
-        return None
-
-    def started(kill: Any) -> None:
-        slot.on_cancel = kill
-    return started
 
 
 def _invoke(fn: Any, args: dict[str, Any]) -> tuple[str, Any]:
