@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -212,10 +213,11 @@ def test_the_sandbox_fails_closed_when_bubblewrap_is_missing(tmp_path: Path,
     assert not (tmp_path / "proof.txt").exists()
 
 
-def test_the_sandbox_fails_closed_when_bubblewrap_cannot_start(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = tmp_path / "bin"
-    fake.mkdir()
+def test_the_sandbox_fails_closed_when_bubblewrap_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              request: pytest.FixtureRequest) -> None:
+    fake = Path(tempfile.mkdtemp(prefix="fake-bwrap-"))  # traversable by the sandbox's unprivileged uid
+    fake.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(fake))
     (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
     (fake / "bwrap").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")

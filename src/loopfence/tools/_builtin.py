@@ -15,6 +15,7 @@ tools a taint gate may refuse while untrusted content is in the conversation.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ BUILTIN_NAMES = ("read_file", "list_dir", "write_file", "apply_patch", "run_comm
 def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, sandbox: bool = True,
                     untrusted_globs: Iterable[str] | None = None, page_chars: int = PAGE_CHARS,
                     result_cap: int | None = DEFAULT_RESULT_CAP, command_limits: CommandLimits | None = None,
-                    max_command_timeout_s: float = 300.0) -> list[Tool]:
+                    max_command_timeout_s: float = 300.0, hide_env: Iterable[str] = ()) -> list[Tool]:
     """The built-in tools bound to one workspace folder (all of them, or those in `names`).
 
     sandbox: run_command inside bubblewrap (default); False is the explicit, logged opt-out.
@@ -41,6 +42,8 @@ def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, san
       read_file returns as untrusted content; HTML pages are always untrusted.
     page_chars: read_file page size. result_cap: the executor's result cap; run_command gives each of
       stdout and stderr 3/8 of it so the whole result fits.
+    hide_env: environment variables an unsandboxed run_command does not get, besides OPENAI_API_KEY
+      and LOOPFENCE_API_KEY (the sandbox passes none); their values are also masked in its output.
     """
     wanted = list(BUILTIN_NAMES if names is None else names)
     unknown = sorted(set(wanted) - set(BUILTIN_NAMES))
@@ -50,7 +53,7 @@ def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, san
     files = FileTools(jail, FileOptions(page_chars=page_chars, untrusted_globs=tuple(untrusted_globs or ())))
     stream_chars = max((result_cap or 16_000) * 3 // 8, 200)
     shell = Shell(jail.root, sandbox=sandbox, limits=command_limits, output_chars=stream_chars,
-                  max_timeout_s=max_command_timeout_s)
+                  max_timeout_s=max_command_timeout_s, hide_env=hide_env)
 
     def read_file(path: str, page: int = 1, encoding: str = "utf-8") -> Any:
         """Read one page of a text file in the workspace. The page ends with a line saying which page
@@ -84,7 +87,7 @@ def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, san
         "list_dir": lambda: tool(list_dir, kind="read_only"),
         "write_file": lambda: tool(write_file, kind="side_effect", privileged=True),
         "apply_patch": lambda: tool(apply_patch, kind="side_effect", privileged=True),
-        "run_command": lambda: tool(run_command, kind="side_effect", privileged=True, description=run_doc,
-                                    self_timed=True),
+        "run_command": lambda: replace(tool(run_command, kind="side_effect", privileged=True,
+                                            description=run_doc, self_timed=True), info=shell.bounds()),
     }
     return [made[name]() for name in BUILTIN_NAMES if name in wanted]

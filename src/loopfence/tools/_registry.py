@@ -56,6 +56,7 @@ class Tool:
     privileged: bool = False
     args_model: type[BaseModel] | None = field(default=None, repr=False)
     self_timed: bool = False  # stops its own work by `time_left()`; the executor waits a grace past it
+    info: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # for the log header
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools[]` entry."""

@@ -20,52 +20,49 @@ opt-out (`loopfence run --unsandboxed`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterable, Iterator
 
 from ._executor import time_left
 from ._reap import MARKER_ENV, exited, kill_tree
-from ._sandbox import sandbox_prefix
+from ._cgroup import TreeCgroup
+from ._sandbox import SandboxPlan, plan
+from ._seccomp import program
 
 __all__ = ["CommandLimits", "Shell"]
 
 _READ = 65_536
 
-_LAUNCHER = """\
-import json, os, resource, sys
-for name, soft, hard in json.loads(sys.argv[1]):
-    res = getattr(resource, name)
-    cur = resource.getrlimit(res)[1]
-    if cur != resource.RLIM_INFINITY:
-        soft, hard = min(soft, cur), min(hard, cur)
-    resource.setrlimit(res, (soft, hard))
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except OSError as exc:
-    sys.stderr.write(f"loopfence: cannot start {sys.argv[2]}: {exc}\\n")
-    os._exit(127)
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class CommandLimits:
-    """rlimits for every process a command starts. None leaves that limit as inherited."""
+    """Bounds on what a command may use. None leaves that bound off (or as inherited).
+
+    Per process (rlimits, set before the command starts): cpu_s, address_space_bytes, open_files,
+    processes (RLIMIT_NPROC: real because the command never runs as root), file_size_bytes.
+    For the whole tree (a cgroup, where this machine lets us make one): tree_processes, tree_memory_bytes.
+    """
 
     cpu_s: int | None = None  # None: the command's timeout (rounded up) + 1
     address_space_bytes: int | None = 4 << 30
     open_files: int | None = 256
-    processes: int | None = 512  # RLIMIT_NPROC counts all processes of the user; not enforced for root
+    processes: int | None = 512
     file_size_bytes: int | None = 256 << 20
+    tree_processes: int | None = 256
+    tree_memory_bytes: int | None = 4 << 30
 
     def rlimits(self, timeout_s: float) -> list[tuple[str, int, int]]:
         cpu = self.cpu_s if self.cpu_s is not None else math.ceil(timeout_s) + 1
@@ -73,6 +70,13 @@ class CommandLimits:
                  ("RLIMIT_NOFILE", self.open_files, None), ("RLIMIT_NPROC", self.processes, None),
                  ("RLIMIT_FSIZE", self.file_size_bytes, None)]
         return [(n, v, h if h is not None else v) for n, v, h in pairs if v is not None]
+
+
+# variables never passed to an unsandboxed command (the sandbox clears the whole environment)
+SECRET_ENV = ("OPENAI_API_KEY", "LOOPFENCE_API_KEY")
+_LAUNCH = str(Path(__file__).with_name("_launch.py"))
+_PROBED: dict[tuple[str, int], str | None] = {}
+_PROBE_LOCK = threading.Lock()
 
 
 class _Capture:
@@ -115,16 +119,21 @@ def _fit(text: str, budget: int) -> int:
 
 
 class Shell:
-    """Runs commands for one workspace. Thread-safe; each call is independent."""
+    """Runs commands for one workspace. Thread-safe; each call is independent.
+
+    hide_env: more environment variable names kept from unsandboxed commands (besides SECRET_ENV).
+    """
 
     def __init__(self, root: Path, *, sandbox: bool = True, limits: CommandLimits | None = None,
-                 output_chars: int = 6_000, max_timeout_s: float = 300.0, kill_grace_s: float = 0.5) -> None:
+                 output_chars: int = 6_000, max_timeout_s: float = 300.0, kill_grace_s: float = 0.5,
+                 hide_env: Iterable[str] = ()) -> None:
         self.root = Path(root)
         self.sandbox = sandbox
         self.limits = limits or CommandLimits()
         self.output_chars = output_chars
         self.max_timeout_s = max_timeout_s
         self.kill_grace_s = kill_grace_s
+        self.hide_env = frozenset((*SECRET_ENV, *hide_env))
 
     # ------------------------------------------------------------------ public
     def run(self, command: str, timeout_s: float) -> dict[str, Any]:
@@ -136,32 +145,87 @@ class Shell:
             return _error("invalid_value", f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         left = time_left()  # the run's tool timeout / wall clock, when called from the executor
         timeout = min(float(timeout_s), self.max_timeout_s, *([max(left, 0.05)] if left is not None else []))
+        if self.sandbox and (problem := self.sandbox_status()):
+            return _unavailable(problem)
         marker = uuid.uuid4().hex
-        if self.sandbox:
-            prefix = sandbox_prefix(self.root, marker)
-            if isinstance(prefix, dict):
-                return prefix
-            argv, env = [*prefix, "/bin/sh", "-c", command], _minimal_env()
-        else:
-            argv, env = ["/bin/sh", "-c", command], dict(os.environ)
-        env[MARKER_ENV] = marker
-        launch = [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(self.limits.rlimits(timeout)), *argv]
-        result = self._execute(launch, env, marker, timeout)
-        if timeout < timeout_s:
+        group = TreeCgroup.create(f"loopfence-{marker}", self.limits.tree_processes, self.limits.tree_memory_bytes)
+        try:
+            with _seccomp_fd() if self.sandbox else contextlib.nullcontext(None) as fd:
+                argv, env, cfg = self._command(command, marker, fd)
+                cfg.update(rlimits=self.limits.rlimits(timeout), cgroups=list(group.procs_files) if group else [])
+                launch = [sys.executable, "-I", "-S", _LAUNCH, json.dumps(cfg), *argv]
+                result = self._execute(launch, env, marker, timeout, group, () if fd is None else (fd,))
+        finally:
+            if group is not None:
+                group.kill_all()
+                group.remove()
+        if round(timeout, 1) < round(float(timeout_s), 1):  # not for the clock's few ms since the call
             why = "the maximum" if timeout == self.max_timeout_s else "what the run's limits leave"
             result["timeout_note"] = f"timeout_s {timeout_s:g} was lowered to {why}, {timeout:g}"
         return result
 
     def sandbox_status(self) -> str | None:
-        """None when the sandbox can start here, else why not."""
-        found = sandbox_prefix(self.root, "probe")
-        return None if isinstance(found, list) else str(found["message"])
+        """None when the sandbox can start here, else why not (probed once per workspace and user)."""
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            return "bubblewrap (bwrap) is not installed"
+        key = (str(self.root), os.geteuid())
+        with _PROBE_LOCK:
+            if key not in _PROBED:
+                _PROBED[key] = self._probe()
+            return _PROBED[key]
+
+    def bounds(self) -> dict[str, Any]:
+        """For the log header: which bounds are in force for a command here, and who runs it."""
+        lim = self.limits
+        group = TreeCgroup.create(f"loopfence-probe-{uuid.uuid4().hex}", lim.tree_processes, lim.tree_memory_bytes)
+        if group is not None:
+            group.remove()
+        tree = group.describe() if group else {
+            "tree_bounds": "none (no cgroup could be made here): per-process rlimits only"
+            if lim.tree_processes or lim.tree_memory_bytes else "off"}
+        who = ("root: an unprivileged uid on an idmapped workspace" if os.geteuid() == 0 else
+               f"uid {os.geteuid()}") if self.sandbox else f"uid {os.geteuid()} (unsandboxed)"
+        return {**tree, "rlimits": {n: v for n, v, _ in lim.rlimits(1.0) if n != "RLIMIT_CPU"},
+                "command_user": who,
+                "setuid_filter": "seccomp" if self.sandbox and program() is not None else "none"}
 
     # ------------------------------------------------------------------ execution
-    def _execute(self, argv: list[str], env: dict[str, str], marker: str, timeout: float) -> dict[str, Any]:
+    def _mask(self, text: str) -> str:
+        """No secret's value reaches the model or the log, whatever the command printed."""
+        for name in sorted(self.hide_env):
+            value = os.environ.get(name)
+            if value and len(value) >= 4 and value in text:
+                text = text.replace(value, f"[{name} withheld]")
+        return text
+
+    def _command(self, command: str, marker: str, fd: int | None) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+        if not self.sandbox:
+            env = {k: v for k, v in os.environ.items() if k not in self.hide_env}
+            env[MARKER_ENV] = marker
+            return ["/bin/sh", "-c", command], env, {}
+        how: SandboxPlan = plan(str(shutil.which("bwrap")), self.root, fd)
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", MARKER_ENV: marker}
+        return [*how.argv, "--setenv", MARKER_ENV, marker, "--", "/bin/sh", "-c", command], env, dict(how.launch)
+
+    def _probe(self) -> str | None:
+        with _seccomp_fd() as fd:
+            argv, env, cfg = self._command("exit 0", "probe", fd)
+            try:
+                done = subprocess.run([sys.executable, "-I", "-S", _LAUNCH, json.dumps(cfg), *argv], env=env,
+                                      cwd=self.root, stdin=subprocess.DEVNULL, capture_output=True, timeout=20,
+                                      pass_fds=() if fd is None else (fd,))
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return f"bwrap failed: {type(exc).__name__}: {exc}"
+        if done.returncode == 0:
+            return None
+        return f"bwrap failed (exit {done.returncode}): {done.stderr.decode(errors='replace').strip()[:300]}"
+
+    def _execute(self, argv: list[str], env: dict[str, str], marker: str, timeout: float,
+                 group: TreeCgroup | None, fds: tuple[int, ...]) -> dict[str, Any]:
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(argv, cwd=self.root, env=env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, cwd=self.root, env=env, stdin=subprocess.DEVNULL, pass_fds=fds,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             return _error("command_failed_to_start", f"{type(exc).__name__}: {exc}")
@@ -178,29 +242,42 @@ class Shell:
             if not timed_out:  # output written before the exit; leftovers may hold the pipes open
                 _pump(sel, time.monotonic() + 0.2, lambda: not sel.get_map())
             leftovers = kill_tree(proc.pid, marker, self.kill_grace_s)
+            if group is not None:
+                leftovers = max(leftovers, group.kill_all())
             _pump(sel, time.monotonic() + 1.0, lambda: not sel.get_map())
             code = proc.wait()
         finally:
             if code is None:  # interrupted (e.g. Ctrl-C): the command must not outlive us
                 kill_tree(proc.pid, marker, 0.0)
+                if group is not None:
+                    group.kill_all()
                 proc.wait()
             sel.close()
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
             _LIVE.discard(proc)
-        return self._result(code, timed_out, leftovers, out, err, timeout, time.monotonic() - start)
+        result = self._result(code, timed_out, leftovers, out, err, timeout, time.monotonic() - start, group)
+        if group is not None and group.oom_killed():
+            result["memory_note"] = (f"the command's process tree reached its memory ceiling "
+                                     f"({group.memory_bytes:,} bytes): the kernel killed a process")
+        return result
 
     def _result(self, code: int, timed_out: bool, leftovers: int, out: _Capture, err: _Capture,
-                timeout: float, duration: float) -> dict[str, Any]:
+                timeout: float, duration: float, group: TreeCgroup | None) -> dict[str, Any]:
         body: dict[str, Any] = {"ok": code == 0 and not timed_out}
         if timed_out:
+            whom = ("its whole process group" + (" and sandbox" if self.sandbox else "")
+                    + (" and every process in its cgroup" if group else ""))
             body.update(error="timeout", timeout_s=timeout, message=(
                 f"the command did not finish within {timeout:g}s; it was stopped: SIGTERM, then SIGKILL to "
-                "its whole process group" + (" and sandbox" if self.sandbox else "")))
+                f"{whom}" + ("" if group or self.sandbox else
+                             "; a process that left the group and cleared its environment cannot be found "
+                             "without a cgroup and may still run")))
         elif code != 0:
             body.update(error="nonzero_exit", message=_exit_message(code))
-        body.update(exit_code=None if timed_out else code, stdout=out.text(), stderr=err.text(),
+        body.update(exit_code=None if timed_out else code, stdout=self._mask(out.text()),
+                    stderr=self._mask(err.text()),
                     duration_s=round(duration, 3),
                     sandbox="bubblewrap" if self.sandbox else "none (unsandboxed: explicit opt-out)")
         if leftovers and not timed_out:
@@ -248,9 +325,27 @@ def _error(kind: str, message: str) -> dict[str, Any]:
     return {"ok": False, "error": kind, "message": message}
 
 
-def _minimal_env() -> dict[str, str]:
-    """The launcher's environment in sandbox mode (bwrap then clears it and sets its own)."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+def _unavailable(why: str) -> dict[str, Any]:
+    return {"ok": False, "error": "sandbox_unavailable", "message": (
+        f"run_command needs its sandbox and it cannot start: {why}. Nothing was run (fail closed)."),
+        "hint": "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or opt out explicitly "
+                "with `loopfence run --unsandboxed` / workspace_tools(..., sandbox=False)"}
+
+
+@contextlib.contextmanager
+def _seccomp_fd() -> Iterator[int | None]:
+    """The setuid filter in a memfd, for bwrap's --seccomp (None where there is no filter)."""
+    code = program()
+    if code is None:
+        yield None
+        return
+    fd = os.memfd_create("loopfence-seccomp", 0)  # not CLOEXEC: the launcher and bwrap inherit it
+    try:
+        os.write(fd, code)
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
 
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
