@@ -145,6 +145,33 @@ def make_tools(ws: Workspace) -> dict[str, Callable[..., Any]]:
         ws.executions += 1
         return "ok"
 
+    def write_file(path: str, content: str) -> str:
+        """Write a text file in the workspace, replacing it.
+
+        Args:
+            path: File path relative to the workspace.
+            content: The whole new text of the file.
+        """
+        ws.executions += 1
+        target = ws.root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+        return f"wrote {len(content)} characters to {path}"
+
+    def run_tests(path: str) -> str:
+        """Run the tests of a module: a line ending in `# ok` is a passing test, `# bug` a failing one.
+
+        Args:
+            path: The module, relative to the workspace.
+        """
+        ws.executions += 1
+        target = ws.root / path
+        if not target.is_file():
+            return f"no module {path}"
+        lines = [line.rstrip() for line in target.read_text(encoding="utf-8").splitlines()]
+        passed, failed = sum(x.endswith("# ok") for x in lines), sum(x.endswith("# bug") for x in lines)
+        return f"{failed} failed, {passed} passed" if failed else f"{passed} passed"
+
     def noop(i: int) -> str:
         """Do nothing with a number.
 
@@ -154,7 +181,7 @@ def make_tools(ws: Workspace) -> dict[str, Callable[..., Any]]:
         ws.executions += 1
         return f"ok {i}"
 
-    return {f.__name__: f for f in (read_file, read_page, job_status, record, noop)}
+    return {f.__name__: f for f in (read_file, read_page, job_status, record, write_file, run_tests, noop)}
 
 
 def describe_exception(exc: BaseException) -> str:

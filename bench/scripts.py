@@ -1,7 +1,9 @@
-"""The scripts: five runaways (waste), three that must reach their answer (no false stops), and the
+"""The scripts: six runaways (waste), four that must reach their answer (no false stops), and the
 overhead script. Raw argument text is exactly what the model sends, spacing and key order included."""
 
 from __future__ import annotations
+
+import json
 
 from .common import Script, Turn
 
@@ -29,6 +31,29 @@ def _ok_forever(i: int) -> Turn:
     return [("record", f'{{"note": "step {i + 1}"}}')]
 
 
+_MODULE = "calc.py"
+_OPS = [("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/")]
+
+
+def _calc(fixed: int) -> str:
+    """calc.py with the first `fixed` of its four functions right (run_tests: `# ok` / `# bug`)."""
+    lines = [f"def {name}(a, b): return a {op if i < fixed else '%'} b  # {'ok' if i < fixed else 'bug'}"
+             for i, (name, op) in enumerate(_OPS)]
+    return "\n".join(lines) + "\n"
+
+
+def _edit(fixed: int) -> Turn:
+    return [("write_file", json.dumps({"path": _MODULE, "content": _calc(fixed)}))]
+
+
+_TEST = [("run_tests", f'{{"path": "{_MODULE}"}}')]
+
+
+def _ping_pong(i: int) -> Turn:
+    # the same edit, then the same failing test, forever (issue 21)
+    return _edit(1) if i % 2 == 0 else _TEST
+
+
 def _unknown_tool(i: int) -> Turn:
     return [("open_file", '{"path": "app/config.py"}')]
 
@@ -45,11 +70,15 @@ RUNAWAY = [
     Script("ok_forever", _ok_forever, {"record": "side_effect"}, "fresh arguments, result always ok"),
     Script("unknown_tool", _unknown_tool, {"read_file": "read_only"}, "a tool that is not registered"),
     Script("truncated_json", _truncated_json, {"read_file": "read_only"}, "arguments cut off mid-JSON"),
+    Script("ping_pong", _ping_pong, {"write_file": "side_effect", "run_tests": "side_effect"},
+           "the same edit, then the same failing test, forever"),
 ]
 
-# the fewest real executions a fence can allow before it knows: 1 read, 1 read, 3 identical
-# results (the third proves the streak), nothing for a call that cannot run
-MINIMUM = {"retry_storm": 1, "duplicate_args": 1, "ok_forever": 3, "unknown_tool": 0, "truncated_json": 0}
+# the fewest real executions the rules allow before they know: 1 read, 1 read; 6 identical results
+# for ok_forever (real successful runs reach streaks of 5 empty outputs, so the sixth proves it);
+# nothing for a call that cannot run; 6 for the ping-pong (the block edit, test back a third time)
+MINIMUM = {"retry_storm": 1, "duplicate_args": 1, "ok_forever": 6, "unknown_tool": 0, "truncated_json": 0,
+           "ping_pong": 6}
 
 
 def _polling(i: int) -> Turn:
@@ -67,11 +96,20 @@ def _changed_retry(i: int) -> Turn:
         "main exports a function returning 42"
 
 
+def _edit_and_test(i: int) -> Turn:
+    # edit, then the same test command, four rounds; one more test passes each round (issue 21)
+    if i >= 8:
+        return "all 4 tests pass after 4 rounds of edits"
+    return _edit(i // 2 + 1) if i % 2 == 0 else _TEST
+
+
 HONEST = [
     Script("polling_8", _polling, {"job_status": "poll"}, "the same status check 8 times, then done"),
     Script("paging_5", _paging, {"read_page": "read_only"}, "pages 1..5 of one document"),
     Script("retry_changed_args", _changed_retry, {"read_file": "read_only"},
            "two misses, then the right path"),
+    Script("edit_and_test", _edit_and_test, {"write_file": "side_effect", "run_tests": "side_effect"},
+           "edit then the same test, 4 rounds, one more test passing each round"),
 ]
 
 

@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "bench" / "run.py"
-MINIMUM = {"retry_storm": 1, "duplicate_args": 1, "ok_forever": 3, "unknown_tool": 0, "truncated_json": 0}
+MINIMUM = {"retry_storm": 1, "duplicate_args": 1, "ok_forever": 6, "unknown_tool": 0, "truncated_json": 0,
+           "ping_pong": 6}
 
 
 def _bench(tmp_path: Path, *args: str) -> tuple[str, dict]:
@@ -33,12 +34,15 @@ def test_waste_is_at_the_rules_minimum(quick: tuple[str, dict]) -> None:
     assert {name: r["executions"] for name, r in results.items()} == MINIMUM
     assert results["truncated_json"]["ended"].startswith("invalid_json")
     assert results["unknown_tool"]["ended"].startswith("unknown_tool")
+    assert results["ok_forever"]["ended"].startswith("repeated_result")
+    assert results["ping_pong"]["ended"].startswith("repeated_result")  # the cycle rule, not a budget
 
 
 def test_no_false_stops(quick: tuple[str, dict]) -> None:
     results = quick[1]["No false stops"]["results"]["loopfence"]
-    assert set(results) == {"polling_8", "paging_5", "retry_changed_args"}
+    assert set(results) == {"polling_8", "paging_5", "retry_changed_args", "edit_and_test"}
     assert all(r["answer"] for r in results.values()), results
+    assert results["edit_and_test"]["executions"] == 8
 
 
 def test_overhead_stream_and_concurrency_report_numbers(quick: tuple[str, dict]) -> None:

@@ -98,7 +98,8 @@ def test_untrusted_glob_taints_and_the_default_without_a_terminal_denies(gws):
     assert evs[0]["gate"] == {"privileged": "default", "approve": "deny"}
     assert evs[0]["untrusted_globs"] == ["vendor/**"]
     refused = next(e for e in evs if e["event"] == "gate" and e["decision"] == "refused")
-    assert refused["reason"] == "untrusted content in context since step 1 (read_file vendor/README.md)"
+    assert refused["reason"] == ("untrusted content in context since step 1 (read_file vendor/README.md: "
+                                 "vendor/README.md matches the untrusted glob 'vendor/**' given with --untrusted)")
 
 
 def test_without_the_glob_the_workspace_file_is_trusted(gws):

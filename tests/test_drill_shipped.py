@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from loopfence import Limits
 from loopfence.cli import cli
 from loopfence.drill import load_scenario
 
@@ -15,6 +16,21 @@ DRILLS = Path(__file__).resolve().parent.parent / "drills"
 HTTP_READY = all(importlib.util.find_spec(m) for m in ("loopfence.testing._fakeserver", "loopfence.models._openai"))
 FILES = sorted(DRILLS.glob("*.json"))
 HTTP_FILES = [f for f in FILES if load_scenario(f).needs_http]
+SANDBOX_FILES = [f for f in FILES if "run_command" in load_scenario(f).tools]
+
+
+def _sandbox_ready() -> bool:
+    import shutil
+    import tempfile
+
+    from loopfence.tools._shell import Shell
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return shutil.which("bwrap") is not None and Shell(Path(tmp)).sandbox_status() is None
+
+
+SANDBOX_READY = _sandbox_ready()
+SKIPPED = [f for f in FILES if (f in HTTP_FILES and not HTTP_READY) or (f in SANDBOX_FILES and not SANDBOX_READY)]
 REQUIRED = {"name", "stop", "verdict", "detail", "model_requests", "tool_calls", "tool_executions",
             "reused", "prompt_tokens", "completion_tokens", "elapsed_s", "calls", "pass", "mismatches"}
 
@@ -35,8 +51,9 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Drill:
     before = children()
     buf, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
-        # without the HTTP endpoint (issue 5) its drills cannot run: they are skipped below, visibly
-        targets = [str(DRILLS)] if HTTP_READY else [str(f) for f in FILES if f not in HTTP_FILES]
+        # without the HTTP endpoint (issue 5) or bubblewrap (`make sandbox`) their drills cannot run:
+        # they are left out here and skipped below, visibly
+        targets = [str(f) for f in FILES if f not in SKIPPED] if SKIPPED else [str(DRILLS)]
         rc = cli(["drill", *targets, "--json", "--out", str(out)])
     assert (out / "results.json").is_file()
     rows = [json.loads(line) for line in buf.getvalue().splitlines() if line.strip()]
@@ -51,7 +68,7 @@ def rows(drill: Drill) -> list[dict]:
 def test_every_shipped_scenario_passes(drill: Drill) -> None:
     failed = {r["name"]: r.get("mismatches") for r in drill.rows if not r.get("pass")}
     assert drill.rc == 0 and not failed, f"{failed}\n{drill.err[-3000:]}"
-    assert len(drill.rows) == len(FILES) - (0 if HTTP_READY else len(HTTP_FILES)) >= 25
+    assert len(drill.rows) == len(FILES) - len(SKIPPED) >= 25
     for r in drill.rows:
         assert REQUIRED <= set(r), r["name"]
         assert Path(r["log"]).is_file()
@@ -103,6 +120,35 @@ def test_http_drills_ran_over_real_http(rows: list[dict]) -> None:
     for r in http_rows:
         header = json.loads(Path(r["log"]).read_text().splitlines()[0])
         assert header["model"]["kind"] == "openai", r["name"]
+
+
+@pytest.mark.skipif(not SANDBOX_READY, reason="bubblewrap cannot start here (`make sandbox`)")
+def test_sandboxed_drills_ran_in_the_sandbox(rows: list[dict]) -> None:
+    names = {f.stem for f in SANDBOX_FILES}
+    assert "legit-edit-then-run-sandboxed" in names
+    for r in (r for r in rows if r["name"] in names):
+        events = [json.loads(line) for line in Path(r["log"]).read_text().splitlines()]
+        ran = [json.loads(e["content"]) for e in events if e["event"] == "result" and e["name"] == "run_command"]
+        assert ran and all(x["sandbox"] == "bubblewrap" for x in ran), r["name"]
+
+
+def test_legitimate_loops_of_issue_21_finish_with_default_limits(rows: list[dict]) -> None:
+    """Edit then test, read back, list after write, edit then run in the sandbox, two files per reply."""
+    loops = {"legit-edit-test-5-rounds", "legit-read-back-after-each-edit", "legit-list-after-each-write",
+             "legit-edit-then-run-sandboxed", "legit-two-files-per-reply-3-rounds"}
+    for name in loops:
+        assert load_scenario(DRILLS / f"{name}.json").limits == Limits(), name  # the defaults
+    ran = {r["name"]: r for r in rows if r["name"] in loops}
+    assert set(ran) == loops - ({f.stem for f in SKIPPED})
+    assert all(r["stop"] == "final_answer" for r in ran.values()), ran
+
+
+def test_cycles_stop_within_three_rounds(rows: list[dict]) -> None:
+    by_name = {r["name"]: r for r in rows}
+    pong, three = by_name["cycle-ping-pong-edit-test"], by_name["cycle-period-3-undo-redo"]
+    assert (pong["stop"], pong["tool_executions"]) == ("repeated_result", 6)
+    assert (three["stop"], three["tool_executions"]) == ("repeated_result", 9)
+    assert pong["detail"].startswith("write_file calc.py → run_tests pytest -q: 3 times with identical results")
 
 
 def test_every_call_has_exactly_one_result(rows: list[dict]) -> None:

@@ -184,7 +184,9 @@ def test_html_reason_names_the_page(ws):
     _, _, log = _run(ws, "html_page", INJECTIONS[0])
     body = json.loads(_results(log, PRIVILEGED)[0]["content"])
     assert body == {"ok": False, "error": "permission_denied",
-                    "reason": "untrusted content in context since step 1 (read_file pages/pi.html)"}
+                    "reason": "untrusted content in context since step 1 (read_file pages/pi.html: "
+                              "pages/pi.html is HTML that was in the workspace when the run started; if it "
+                              "is yours, trust it with --trust 'pages/pi.html' (trust_globs= in Python))"}
 
 
 def test_trusted_workspace_read_write_and_test_run_are_not_gated(ws):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from loopfence import Limits, Policy, StopReason
 from loopfence._contract import CheckedCall
 from loopfence._guards import (CompletionTokenLimit, NoProgress, PromptTokenLimit, RepeatedCall,
-                               RepeatedResult, StepLimit, ToolCallLimit, WallClock)
+                               RepeatedCycle, RepeatedResult, StepLimit, ToolCallLimit, WallClock)
 from loopfence._messages import ToolCall
 from loopfence._state import RunState
 from loopfence.tools import Registry, ToolResult, tool
@@ -19,11 +19,15 @@ def poll(job: str = "") -> str:
     return "running"
 
 
-REG = Registry([tool(ping), tool(poll, kind="poll")])
+def look(path: str = "") -> str:
+    return "text"
 
 
-def state(**limits) -> RunState:
-    return RunState(Limits(**limits), Policy(), REG, messages=[{"role": "user", "content": "x"}])
+REG = Registry([tool(ping), tool(poll, kind="poll"), tool(look, kind="read_only")])
+
+
+def state(policy: Policy | None = None, **limits) -> RunState:
+    return RunState(Limits(**limits), policy or Policy(), REG, messages=[{"role": "user", "content": "x"}])
 
 
 def call(name="ping", key="ping:{}") -> CheckedCall:
@@ -93,6 +97,65 @@ def test_repeated_call_counts_replies_not_calls_and_exempts_polls():
     assert g.before_execution(s, p, False) is None
 
 
+def test_repeated_call_restarts_when_another_call_changes_the_world():
+    s = state()
+    g = RepeatedCall(3)
+    test, edit = call("ping", 'ping:{"n":1}'), call("ping", 'ping:{"n":2}')
+    for _ in range(5):  # the same test after each edit is a new question
+        g.on_reply(s, [test])
+        assert g.before_execution(s, test, False) is None
+        g.after_execution(s, test, res("3 failed"))
+        g.on_reply(s, [edit])
+        g.after_execution(s, edit, res("edited"))
+    assert g.counts[test.key] == 0 and g.counts[edit.key] == 1
+
+
+def test_repeated_call_is_not_restarted_by_reads_refusals_or_itself():
+    s = state()
+    g = RepeatedCall(3)
+    test, read = call("ping", 'ping:{"n":1}'), call("look", 'look:{"path":"a"}')
+    g.on_reply(s, [test])
+    g.after_execution(s, test, res())  # its own execution changes nothing for itself
+    g.on_reply(s, [read])
+    g.after_execution(s, read, res())  # a read changes nothing
+    g.on_reply(s, [test])
+    other = call("ping", 'ping:{"n":9}')
+    g.after_execution(s, other, res(decision="refused"))  # a call that did not run changed nothing
+    g.on_reply(s, [test])
+    stop = g.before_execution(s, test, False)
+    assert stop.reason is StopReason.REPEATED_CALL and stop.data == {
+        "limit": 3, "value": 3, "key": test.key, "scope": "change"}
+    assert "with nothing changed in between (max_repeats=3)" in stop.detail
+
+
+def test_repeated_call_a_side_effect_earlier_in_the_same_reply_restarts_the_count():
+    s = state()
+    g = RepeatedCall(2)
+    test, edit = call("ping", 'ping:{"n":1}'), call("ping", 'ping:{"n":2}')
+    g.on_reply(s, [test])
+    g.on_reply(s, [edit, test])  # the edit runs first: the test after it is a new question
+    g.after_execution(s, edit, res("edited"))
+    assert g.before_execution(s, test, False) is None
+
+
+def test_repeat_scope_run_counts_the_whole_run():
+    s = state(Policy(repeat_scope="run"))
+    g = RepeatedCall(3)
+    test, edit = call("ping", 'ping:{"n":1}'), call("ping", 'ping:{"n":2}')
+    for i in range(3):
+        g.on_reply(s, [test])
+        verdict = g.before_execution(s, test, False)
+        if i < 2:
+            assert verdict is None
+            g.after_execution(s, test, res(f"{3 - i} failed"))
+            g.on_reply(s, [edit])
+            g.after_execution(s, edit, res("edited"))
+    assert verdict.reason is StopReason.REPEATED_CALL and verdict.data["scope"] == "run"
+    explicit = RepeatedCall(3, scope="run")  # a guard's own scope wins over the run's policy
+    explicit.on_reply(state(), [test])
+    assert explicit.counts.scope == "run"
+
+
 def test_repeated_result_streak_resets_on_a_different_result():
     s = state()
     g = RepeatedResult(2)
@@ -102,6 +165,67 @@ def test_repeated_result_streak_resets_on_a_different_result():
     assert g.after_execution(s, call(), res("b")) is None
     assert g.after_execution(s, call(), res("b")).reason is StopReason.REPEATED_RESULT
     assert g.after_execution(s, call(), res("b", "reused")) is None  # reuses are not executions
+
+
+def test_repeated_result_default_allows_five_identical_results_in_a_row():
+    s = state()
+    g = RepeatedResult(Limits().max_identical_results)
+    assert all(g.after_execution(s, call("ping", f'ping:{{"n":{i}}}'), res("")) is None for i in range(5))
+    stop = g.after_execution(s, call("ping", 'ping:{"n":9}'), res(""))
+    assert stop.reason is StopReason.REPEATED_RESULT and stop.data["value"] == 6
+    assert g.after_execution(s, call("poll", "poll:{}"), res("")) is None  # polls are exempt
+    assert RepeatedResult(None).after_execution(s, call(), res("")) is None
+
+
+def test_repeated_result_ignores_the_shells_timing():
+    s = state()
+    g = RepeatedResult(1)
+    assert g.after_execution(s, call(), res('{"ok": true, "stdout": "", "duration_s": 0.101}')) is None
+    stop = g.after_execution(s, call(), res('{"stdout": "", "ok": true, "duration_s": 0.254}'))
+    assert stop is not None and stop.reason is StopReason.REPEATED_RESULT
+
+
+def _edit(content: str = "x") -> CheckedCall:
+    key = f'ping:{{"n":1,"path":"a.py","c":"{content}"}}'
+    return CheckedCall(ToolCall("c", "ping", "{}"), REG.get("ping"), {}, key)
+
+
+def test_a_ping_pong_with_identical_results_stops_at_its_third_round():
+    s = state()
+    g = RepeatedCycle(3)
+    edit, test = _edit(), call("ping", 'ping:{"cmd":"pytest -q"}')
+    seen = []
+    for _ in range(3):
+        seen.append(g.after_execution(s, edit, res("wrote 10 bytes")))
+        seen.append(g.after_execution(s, test, res("1 failed")))
+    assert seen[:-1] == [None] * 5
+    stop = seen[-1]
+    assert stop.reason is StopReason.REPEATED_RESULT
+    assert stop.detail.startswith("ping a.py → ping pytest -q: 3 times with identical results")
+    assert stop.data["period"] == 2 and stop.data["cycle"] == [edit.key, test.key]
+
+
+def test_a_period_three_cycle_stops_and_different_results_do_not():
+    s = state()
+    a, b, c = (call("ping", f'ping:{{"n":{i}}}') for i in range(3))
+    g = RepeatedCycle(3)
+    out = [g.after_execution(s, x, res(x.key)) for _ in range(3) for x in (a, b, c)]
+    assert out[:-1] == [None] * 8 and out[-1].data["period"] == 3
+    changing = RepeatedCycle(3)  # the same calls, a new test output each round: progress
+    assert all(changing.after_execution(s, x, res(f"{x.key} {i}")) is None for i in range(5) for x in (a, b))
+
+
+def test_a_cycle_ignores_reuses_polls_and_one_call_repeated():
+    s = state()
+    g = RepeatedCycle(3)
+    a, b = call("ping", 'ping:{"n":1}'), call("ping", 'ping:{"n":2}')
+    for _ in range(3):
+        assert g.after_execution(s, a, res("same")) is None
+        assert g.after_execution(s, call("poll", "poll:{}"), res("running")) is None
+        assert g.after_execution(s, b, res("same", decision="reused")) is None
+    for _ in range(6):  # period 1 is repeated_call's and the streak's business
+        assert g.after_execution(s, a, res("same")) is None
+    assert RepeatedCycle(None).after_execution(s, a, res("same")) is None
 
 
 def test_no_progress_only_when_every_call_was_reused():

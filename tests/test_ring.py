@@ -221,7 +221,7 @@ def test_repeated_result_streak_stops(ws):
     replies = [calls_reply(tool_call("ok_forever", n=i)) for i in range(20)]
     result, _, _ = _go(ws, replies, tools=[tool(ok_forever)])
     assert result.stop.reason is StopReason.REPEATED_RESULT
-    assert result.ledger.tool_executions == 3
+    assert result.ledger.tool_executions == 6  # max_identical_results=5: the sixth in a row stops
 
 
 def test_poll_tools_are_exempt_from_repetition(ws):

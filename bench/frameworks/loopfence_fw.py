@@ -13,8 +13,8 @@ from loopfence.testing import calls_reply, text_reply, tool_call
 from ..common import Outcome, Script, Source, Workspace, calls_of, final_text
 
 NAME = "loopfence"
-DEFAULTS = "Limits() defaults: max_steps=12, max_tool_calls=24, max_repeats=3, " \
-    "max_identical_results=2, no_progress on; fail closed on bad calls"
+DEFAULTS = "Limits() defaults: max_steps=12, max_tool_calls=24, max_repeats=3 (counted since the last " \
+    "side effect), max_identical_results=5, max_cycle_repeats=3, no_progress on; fail closed on bad calls"
 UNBOUNDED = Limits(max_steps=None, max_tool_calls=None, max_prompt_tokens=None,
                    max_completion_tokens=None)
 

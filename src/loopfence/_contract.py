@@ -9,13 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._json import canonical_json, loads_object
+from ._json import JsonLimitError, canonical_json, check_depth, loads_object
 from ._messages import Reply, ToolCall
 from ._stops import StopReason
 from .tools._registry import ArgumentError, Registry, Tool
 
 __all__ = ["CheckedCall", "Violation", "ContractResult", "check_reply", "canonical_key",
-           "requested_max_tokens"]
+           "requested_max_tokens", "MAX_ARGUMENT_DEPTH"]
+
+MAX_ARGUMENT_DEPTH = 64  # nesting levels of one call's arguments
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +77,16 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, StopReason | None,
     """Raw wire arguments -> (object, None, "") or (None, reason, why). None/'' mean no arguments."""
     if raw is None or (isinstance(raw, str) and raw.strip() == ""):
         return {}, None, ""
-    if isinstance(raw, str):
-        try:
-            value = loads_object(raw)
-        except ValueError as exc:
-            return None, StopReason.INVALID_JSON, f"arguments are not valid JSON: {exc}"
-    else:
-        value = raw
+    try:
+        if isinstance(raw, str):
+            value = loads_object(raw, max_depth=MAX_ARGUMENT_DEPTH)
+        else:
+            check_depth(raw, MAX_ARGUMENT_DEPTH)
+            value = raw
+    except JsonLimitError as exc:
+        return None, StopReason.SCHEMA_MISMATCH, f"arguments are over a limit: {exc.msg}"
+    except ValueError as exc:
+        return None, StopReason.INVALID_JSON, f"arguments are not valid JSON: {exc}"
     if not isinstance(value, dict):
         return None, StopReason.SCHEMA_MISMATCH, \
             f"arguments must be a JSON object, got {type(value).__name__}"

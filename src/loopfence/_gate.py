@@ -1,8 +1,10 @@
 """The untrusted-content gate: once a page is in the conversation, it cannot give orders.
 
-Content is untrusted when a tool result says so (`ToolResult.untrusted`: HTML pages, tools declared
-untrusted, workspace files marked by glob, drill tools flagged untrusted). From the first such
-result on, the run is *tainted*: privileged tools (those flagged `privileged=True`, plus
+Content is untrusted when a tool result says so (`ToolResult.untrusted`: HTML pages that were in the
+workspace at the start, tools declared untrusted, workspace files marked by glob, drill tools flagged
+untrusted), or when a result of any tool holds text from an untrusted source (tools/_provenance:
+fingerprints of those sources, so `cat page.html` taints as `read_file page.html` does). From the
+first such result on, the run is *tainted*: privileged tools (those flagged `privileged=True`, plus
 `run_command`, `write_file` and `apply_patch` by name) are refused with a structured
 `permission_denied` result unless the approval hook allows that one call. The taint never lifts:
 the model's own later replies may carry the page's instructions, so eliding the page is not enough.
@@ -21,7 +23,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ._driver import interruptible
 from ._guards import Guard
 from ._json import canonical_json
+from ._printable import printable
 from .tools._executor import ToolResult, refusal
+from .tools._provenance import Fingerprints, Provenance
+from .tools._registry import ToolKind
 
 if TYPE_CHECKING:
     from ._contract import CheckedCall
@@ -46,9 +51,11 @@ class Taint:
 
     step: int
     source: str  # e.g. "read_file pages/x.html"
+    why: str | None = None  # which source's text it held and the flag that would trust it
 
     def reason(self) -> str:
-        return f"untrusted content in context since step {self.step} ({self.source})"
+        return f"untrusted content in context since step {self.step} ({self.source}" + \
+            (f": {self.why})" if self.why else ")")
 
 
 def describe_source(name: str, args: dict[str, Any]) -> str:
@@ -78,6 +85,8 @@ class UntrustedGate(Guard):
         self.names = None if privileged is None else frozenset(privileged)
         self.taint: Taint | None = None
         self.sources: list[Taint] = []  # every untrusted result, in order
+        self._own = Fingerprints()  # untrusted outputs' text, when no workspace provenance is in use
+        self._prov: Provenance | None | bool = False  # False: not looked up yet
 
     def is_privileged(self, t: Tool) -> bool:
         if self.names is not None:
@@ -91,13 +100,35 @@ class UntrustedGate(Guard):
                 "approve": getattr(hook, "mode", getattr(hook, "__name__", repr(hook))) if hook else "deny"}
 
     # -- phases ----------------------------------------------------------------------------------
+    def provenance(self, s: RunState) -> Provenance | None:
+        """The workspace provenance the run's tools share (workspace_tools), if any."""
+        if self._prov is False:
+            self._prov = next((t.provenance for t in s.registry if t.provenance is not None), None)
+        return self._prov if isinstance(self._prov, Provenance) else None
+
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> None:
-        if r.untrusted:
-            self.mark(Taint(s.ledger.model_requests, describe_source(c.tool.name, c.args)), s,
-                      c.call.id, r.decision)
+        prov = self.provenance(s)
+        prints = prov.prints if prov is not None else self._own
+        if r.untrusted:  # its text taints wherever it goes next
+            source = describe_source(c.tool.name, c.args)
+            prints.add(source, r.content)
+            path = c.args.get("path") if c.tool.provenance is not None and c.tool.name == "read_file" else None
+            why = prov.explain(path) if prov is not None and isinstance(path, str) else None
+            self.mark(Taint(s.ledger.model_requests, source, why), s, c.call.id, r.decision)
+        elif (origin := prints.match(r.content)) is not None:
+            source, why = describe_source(c.tool.name, c.args), f"it holds text from {origin}"
+            if prov is not None and origin in prov.files:
+                why += ": " + prov.explain(origin)
+            self.mark(Taint(s.ledger.model_requests, source, why), s, c.call.id, r.decision)
+        if self.taint is not None and prov is not None:
+            prov.tainted()
+            if r.decision == "executed" and c.tool.kind == ToolKind.SIDE_EFFECT:
+                prov.mark_changed()  # what it wrote now is untrusted, for later runs too
         return None
 
     def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> ToolResult | None:
+        if (prov := self.provenance(s)) is not None:
+            prov.ensure_scanned()  # before anything runs: the workspace as the run found it
         if not self.is_privileged(c.tool):
             return None
         step = s.ledger.model_requests
@@ -127,6 +158,7 @@ class UntrustedGate(Guard):
         if s is not None and s.log is not None:
             s.log.write("gate", step=taint.step, tool_call_id=call_id, name=taint.source.split(" ")[0],
                         decision="tainted", reason=f"untrusted content from {taint.source}"
+                        + (f" ({taint.why})" if taint.why else "")
                         + ("" if first else f" (tainted since step {self.taint.step})"),
                         source=taint.source, result=decision, first=first)
 
@@ -169,8 +201,8 @@ def ask_on_terminal(stdin: TextIO | None = None, stderr: TextIO | None = None) -
     out = stderr or sys.stderr
 
     def ask(call: CheckedCall, reason: str) -> bool:
-        out.write(f"\nloopfence gate: {call.tool.name} {_clip(canonical_json(call.args), 400)}\n"
-                  f"  {reason}\n  run it? [y/N] ")
+        shown = printable(_clip(canonical_json(call.args), 400))  # model text never drives the terminal
+        out.write(f"\nloopfence gate: {printable(call.tool.name)} {shown}\n  {printable(reason)}\n  run it? [y/N] ")
         out.flush()
         answer = inp.readline()
         return answer.strip().lower() in ("y", "yes")

@@ -8,10 +8,10 @@ after_execution (per result), after_turn (once every call of a reply has its res
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from ._contract import requested_max_tokens
+from ._repeats import CycleTrail, RepeatCounts, Streak, describe_cycle, outcome_fingerprint
 from ._stops import Stop, StopReason
 from .tools._registry import ToolKind
 
@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Guard", "Guards", "StepLimit", "ToolCallLimit", "PromptTokenLimit", "CompletionTokenLimit",
-    "WallClock", "RepeatedCall", "RepeatedResult", "NoProgress", "ResultContract", "default_guards",
+    "WallClock", "RepeatedCall", "RepeatedResult", "RepeatedCycle", "NoProgress", "ResultContract",
+    "default_guards",
 ]
 
 
@@ -128,20 +129,39 @@ class WallClock(Guard):
 
 
 class RepeatedCall(Guard):
-    """The same canonical call requested in `limit` model replies stops before it runs again."""
+    """The same canonical call asked for in `limit` model replies with nothing changed in between
+    stops before it runs again. A call's count restarts whenever another side-effecting call is
+    executed (scope "change"); scope "run" counts over the whole run. `scope=None`: the run's
+    `Policy.repeat_scope`. Poll tools are exempt."""
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, scope: str | None = None) -> None:
         self.limit = limit
-        self.replies_asking: Counter[str] = Counter()
+        self.scope = scope
+        self.counts: RepeatCounts | None = None
+
+    def _counts(self, s: RunState) -> RepeatCounts:
+        if self.counts is None:
+            self.counts = RepeatCounts(self.scope or s.policy.repeat_scope)
+        return self.counts
 
     def on_reply(self, s: RunState, calls: list[CheckedCall]) -> None:
-        self.replies_asking.update({c.key for c in calls if c.tool.kind is not ToolKind.POLL})
+        self._counts(s).asked({c.key for c in calls if c.tool.kind is not ToolKind.POLL})
 
     def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
-        n = self.replies_asking[c.key]
-        if self.limit is not None and c.tool.kind is not ToolKind.POLL and n >= self.limit:
-            return Stop(StopReason.REPEATED_CALL, f"{c.key} requested in {n} model replies "
-                        f"(max_repeats={self.limit}); not run again", {"limit": self.limit, "value": n})
+        if self.limit is None or c.tool.kind is ToolKind.POLL:
+            return None
+        counts = self._counts(s)
+        n = counts[c.key]
+        if n >= self.limit:
+            how = f" with nothing changed in between (max_repeats={self.limit})" if counts.scope == "change" \
+                else f" (max_repeats={self.limit}, repeat_scope=run)"
+            return Stop(StopReason.REPEATED_CALL, f"{c.key} requested in {n} model replies{how}; not run again",
+                        {"limit": self.limit, "value": n, "key": c.key, "scope": counts.scope})
+        return None
+
+    def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
+        if r.decision == "executed" and c.tool.kind is ToolKind.SIDE_EFFECT:
+            self._counts(s).changed(c.key)
         return None
 
 
@@ -150,20 +170,38 @@ class RepeatedResult(Guard):
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
-        self.last: str | None = None
-        self.streak = 0
+        self.streak = Streak()
 
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
-        if r.decision != "executed" or c.tool.kind is ToolKind.POLL:
+        if self.limit is None or r.decision != "executed" or c.tool.kind is ToolKind.POLL:
             return None
-        fp = r.fingerprint
-        self.streak = self.streak + 1 if fp == self.last else 1
-        self.last = fp
-        if self.limit is not None and self.streak > self.limit:
-            return Stop(StopReason.REPEATED_RESULT, f"{self.streak} executed results in a row with "
+        fp = outcome_fingerprint(r.content)
+        n = self.streak.add(fp)
+        if n > self.limit:
+            return Stop(StopReason.REPEATED_RESULT, f"{n} executed results in a row with "
                         f"fingerprint {fp} (max_identical_results={self.limit})",
-                        {"limit": self.limit, "value": self.streak, "fingerprint": fp})
+                        {"limit": self.limit, "value": n, "fingerprint": fp})
         return None
+
+
+class RepeatedCycle(Guard):
+    """A block of 2 or 3 executed calls that comes back `limit` times in a row with identical
+    results (the same edit, then the same failing test, forever) stops as repeated_result."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.trail = CycleTrail(limit or 2)
+
+    def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
+        if self.limit is None or r.decision != "executed" or c.tool.kind is ToolKind.POLL:
+            return None
+        block = self.trail.add(c.key, outcome_fingerprint(r.content))
+        if block is None:
+            return None
+        return Stop(StopReason.REPEATED_RESULT, f"{describe_cycle(block, self.limit)} "
+                    f"(max_cycle_repeats={self.limit})",
+                    {"limit": self.limit, "value": self.limit, "period": len(block),
+                     "cycle": [k for k, _ in block], "fingerprints": [fp for _, fp in block]})
 
 
 class NoProgress(Guard):
@@ -236,6 +274,7 @@ def default_guards(limits: Any, extra: list[Guard] | None = None, gate: Guard | 
         PromptTokenLimit(limits.max_prompt_tokens, limits.context_window),
         CompletionTokenLimit(limits.max_completion_tokens),
         RepeatedCall(limits.max_repeats), *([gate] if gate else []), ToolCallLimit(limits.max_tool_calls),
-        ResultContract(), RepeatedResult(limits.max_identical_results), NoProgress(limits.no_progress),
+        ResultContract(), RepeatedResult(limits.max_identical_results),
+        RepeatedCycle(limits.max_cycle_repeats), NoProgress(limits.no_progress),
         *(extra or []),
     ])

@@ -1,17 +1,48 @@
-"""The one canonical JSON function: call keys, fingerprints and log ids all go through it."""
+"""The one canonical JSON module: call keys, fingerprints and log ids, and every JSON boundary.
+
+Reading is bounded everywhere (`loads`): nesting deeper than MAX_DEPTH levels (a log line:
+MAX_LOG_DEPTH, room for the event around an input) or an integer longer than MAX_INT_DIGITS digits
+is a JsonLimitError (a json.JSONDecodeError naming the limit), never a RecursionError or a traceback;
+files are read through `read_bounded` (at most MAX_INPUT_BYTES; a device or a pipe too).
+Writing (`dumps`) always gives text that encodes as UTF-8: a lone surrogate ("\\ud800" is valid
+JSON) is written as its JSON escape, so it reads back as the same string (`loggable` joins the
+surrogate pairs JSON cannot tell from the character they encode).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["canonical_json", "fingerprint", "loads_object", "load_json_items", "JsonFileError"]
+__all__ = ["canonical_json", "fingerprint", "loads", "loads_object", "dumps", "loggable", "depth",
+           "check_depth", "read_bounded", "load_json_items", "json_items", "JsonFileError", "JsonLimitError",
+           "MAX_DEPTH", "MAX_LOG_DEPTH", "MAX_INT_DIGITS", "MAX_INPUT_BYTES"]
 
+MAX_DEPTH = 200  # nesting levels of any JSON input (a script, a scenario, an HTTP body, a reply)
+MAX_LOG_DEPTH = MAX_DEPTH + 16  # a log line: an input value, wrapped in the event that records it
+MAX_INT_DIGITS = 1_000  # digits of one integer (Python refuses past 4,300, and slowly)
+MAX_INPUT_BYTES = 32 << 20  # a script, reply-form or scenario file
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+_PLAIN = json.JSONEncoder(ensure_ascii=False, default=str)  # built once: json.dumps builds one per call
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[{]|[\]}]', re.S)
+
+
+class JsonLimitError(json.JSONDecodeError):
+    """JSON that is over a limit (nesting depth, integer length): `msg` names the limit and value."""
+
+    def __init__(self, msg: str, doc: str = "", pos: int = 0) -> None:
+        ValueError.__init__(self, msg)  # no "line 1 column 1": the limit has no position
+        self.msg, self.doc, self.pos, self.lineno, self.colno = msg, doc, pos, 1, 1
+
+
+class JsonFileError(ValueError):
+    """A JSON/JSONL input file that cannot be used; the message names the file and the line."""
 
 
 def canonical_json(value: Any) -> str:
@@ -25,55 +56,159 @@ def fingerprint(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> str:
+    """JSON text that always encodes as UTF-8: lone surrogates are written as \\uXXXX escapes."""
+    text = _PLAIN.encode(value) if indent is None and not sort_keys else \
+        json.dumps(value, ensure_ascii=False, default=str, indent=indent, sort_keys=sort_keys)
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)  # only inside strings
+
+
+def loggable(text: str) -> str:
+    """`text` as the log reads it back: JSON cannot tell a high surrogate followed by a low one from
+    the character they encode, so they are joined here too (lone surrogates stay as they are)."""
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise JsonLimitError(f"an integer with {digits:,} digits (the limit is {MAX_INT_DIGITS:,})")
+    return int(text)
+
+
 def _bad_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-_STRICT = json.JSONDecoder(parse_constant=_bad_constant)  # built once: a decoder per call costs more
+_LOOSE = json.JSONDecoder(parse_int=_bounded_int)  # built once: a decoder per call costs more
+_STRICT = json.JSONDecoder(parse_int=_bounded_int, parse_constant=_bad_constant)
 
 
-def loads_object(text: str) -> Any:
-    """json.loads that refuses NaN/Infinity (not JSON) so a parse means a real JSON value."""
-    return _STRICT.decode(text)
+def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, strict: bool = False) -> Any:
+    """json.loads, bounded: JsonLimitError past `max_depth` levels or MAX_INT_DIGITS digits.
+    `strict` also refuses NaN/Infinity (not JSON), so a parse means a real JSON value."""
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("utf-8")  # a UnicodeDecodeError is a ValueError, as json.loads raises
+    try:
+        value = (_STRICT if strict else _LOOSE).decode(text)
+    except RecursionError:
+        raise JsonLimitError(_too_deep(_text_depth(text), max_depth)) from None
+    check_depth(value, max_depth)
+    return value
 
 
-class JsonFileError(ValueError):
-    """A JSON/JSONL input file that cannot be used; the message names the file and the line."""
+def loads_object(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
+    """A bounded, strict parse (NaN/Infinity refused)."""
+    return loads(text, max_depth=max_depth, strict=True)
+
+
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
+def depth(value: Any) -> int:
+    """Nesting levels of a JSON-like value (a scalar is 0, `[]` is 1): level by level, without
+    recursion (a few microseconds for a usual reply: it runs once per reply)."""
+    levels, layer = 0, [value]
+    while True:
+        below: list[Any] = []
+        found = False
+        for v in layer:
+            if type(v) in _LEAVES:
+                continue
+            if isinstance(v, dict):
+                below.extend(v.values())
+                found = True
+            elif isinstance(v, (list, tuple)):
+                below.extend(v)
+                found = True
+        if not found:
+            return levels
+        levels += 1
+        layer = below
+
+
+def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
+    """JsonLimitError when `value` nests deeper than `max_depth` levels."""
+    levels = depth(value)
+    if levels > max_depth:
+        raise JsonLimitError(_too_deep(levels, max_depth))
+
+
+def _too_deep(levels: int, limit: int) -> str:
+    return f"nested {levels:,} levels deep (the limit is {limit:,})"
+
+
+def _text_depth(text: str) -> int:
+    """Deepest bracket nesting outside strings (for the message only; the parse already failed)."""
+    level = deepest = 0
+    for m in _TOKEN.finditer(text):
+        tok = m.group()
+        if tok in "[{":
+            level += 1
+            deepest = max(deepest, level)
+        elif tok in "]}":
+            level -= 1
+    return deepest
+
+
+def read_bounded(path: str | Path, limit: int = MAX_INPUT_BYTES, what: str = "file") -> bytes:
+    """At most `limit` bytes of a file (a pipe or a device too): JsonFileError past it, or when
+    the file cannot be read. Never reads more than limit + 1 bytes."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(limit + 1)
+    except FileNotFoundError:
+        raise JsonFileError(f"{p}: {what} not found") from None
+    except OSError as exc:
+        raise JsonFileError(f"{p}: cannot read {what}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(data) > limit:
+        raise JsonFileError(f"{p}: {what} is over the {limit:,}-byte limit")
+    return data
 
 
 def load_json_items(path: str | Path, check: Callable[[Any], None], what: str = "file") -> list[Any]:
     """Items of a JSON array or a JSONL file (one value per line, blank lines skipped), each passed
     to `check` (which raises ValueError) in file order; the first problem is raised as
-    JsonFileError("FILE:LINE: why")."""
+    JsonFileError("FILE:LINE: why"). Bounded: file size, nesting, integer length."""
+    return json_items(path, read_bounded(path, MAX_INPUT_BYTES, what), check, what)
+
+
+def json_items(path: str | Path, data: bytes, check: Callable[[Any], None], what: str = "file") -> list[Any]:
+    """load_json_items on bytes already read from `path` (named in the errors)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise JsonFileError(f"{p}: {what} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise JsonFileError(f"{p}: cannot read {what}: {getattr(exc, 'strerror', None) or exc}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JsonFileError(f"{p}: cannot read {what}: not UTF-8 text ({exc.reason})") from None
     if not text.strip():
         raise JsonFileError(f"{p}: {what} is empty")
     if text.lstrip().startswith("["):
-        try:
-            numbered = list(enumerate(json.loads(text), 1))
-        except json.JSONDecodeError as exc:
-            raise JsonFileError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        items = _parse(p, 1, text)
+        if not items:
+            raise JsonFileError(f"{p}: {what} is an empty array: it needs at least one item")
+        numbered: Any = enumerate(items, 1)
     else:
-        numbered = ((n, _parse_line(p, n, line)) for n, line in enumerate(text.splitlines(), 1)
+        numbered = ((n, _parse(p, n, line)) for n, line in enumerate(text.splitlines(), 1)
                     if line.strip())
-    items = []
+    out = []
     for n, value in numbered:  # lazily parsed: the first problem in file order is the one reported
         try:
             check(value)
         except ValueError as exc:
             raise JsonFileError(f"{p}:{n}: {exc}") from None
-        items.append(value)
-    return items
+        out.append(value)
+    return out
 
 
-def _parse_line(p: Path, n: int, line: str) -> Any:
+def _parse(p: Path, n: int, text: str) -> Any:
     try:
-        return json.loads(line)
+        return loads(text)
+    except JsonLimitError as exc:
+        raise JsonFileError(f"{p}:{n}: JSON over a limit: {exc.msg}") from None
     except json.JSONDecodeError as exc:
-        raise JsonFileError(f"{p}:{n}: not valid JSON: {exc.msg}") from None
+        raise JsonFileError(f"{p}:{n + exc.lineno - 1}: not valid JSON: {exc.msg}") from None

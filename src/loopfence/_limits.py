@@ -20,8 +20,9 @@ class Limits:
     max_completion_tokens: int | None = 8_000
     max_wall_seconds: float | None = 900.0
     tool_timeout_s: float | None = 30.0
-    max_repeats: int | None = 3
-    max_identical_results: int | None = 2
+    max_repeats: int | None = 3  # replies asking for one call with nothing changed in between
+    max_identical_results: int | None = 5  # executed results in a row with one fingerprint
+    max_cycle_repeats: int | None = 3  # a block of 2-3 calls back this many times, identical results
     no_progress: bool = True
     context_window: int | None = None
 
@@ -44,7 +45,7 @@ class Limits:
 
 
 _INT = {"max_steps", "max_tool_calls", "max_prompt_tokens", "max_completion_tokens",
-        "max_repeats", "max_identical_results", "context_window"}
+        "max_repeats", "max_identical_results", "max_cycle_repeats", "context_window"}
 _FLOAT = {"max_wall_seconds", "tool_timeout_s"}
 
 
@@ -64,6 +65,9 @@ def _coerce(name: str, value: Any) -> Any:
     if name in _INT:
         if int(value) != value:
             raise ValueError(f"limit {name} must be a whole number, got {value!r}")
+        if name == "max_cycle_repeats" and value < 2:
+            raise ValueError(f"limit max_cycle_repeats must be at least 2 (a block seen once is not a "
+                             f"cycle), or null to turn cycle detection off; got {value!r}")
         return int(value)
     return float(value)
 
@@ -94,17 +98,22 @@ def parse_limit(text: str) -> tuple[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """What to do with a bad call: stop (fail closed) or tell the model and go on."""
+    """What to do with a bad call: stop (fail closed) or tell the model and go on; and what counts as
+    asking for a call again (max_repeats): `repeat_scope="change"` (default) counts the replies asking
+    for it since another call changed the world (an executed side-effecting call with a different
+    canonical key), so the same test after an edit is a new question; `"run"` counts over the whole run.
+    """
 
     on_bad_call: Literal["fail", "feedback"] = "fail"
     max_bad_calls: int | None = 2
+    repeat_scope: Literal["change", "run"] = "change"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Policy:
-        unknown = sorted(set(data) - {"on_bad_call", "max_bad_calls"})
+        unknown = sorted(set(data) - {"on_bad_call", "max_bad_calls", "repeat_scope"})
         if unknown:
             raise ValueError(f"unknown policy key {unknown[0]!r}")
         mode = data.get("on_bad_call", "fail")
@@ -113,7 +122,10 @@ class Policy:
         mbc = data.get("max_bad_calls", 2)
         if mbc is not None and (isinstance(mbc, bool) or not isinstance(mbc, int) or mbc < 1):
             raise ValueError(f"policy max_bad_calls must be a positive integer or null, got {mbc!r}")
-        return cls(on_bad_call=mode, max_bad_calls=mbc)
+        scope = data.get("repeat_scope", "change")
+        if scope not in ("change", "run"):
+            raise ValueError(f"policy repeat_scope must be 'change' or 'run', got {scope!r}")
+        return cls(on_bad_call=mode, max_bad_calls=mbc, repeat_scope=scope)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,13 @@ from ._contract import CheckedCall, ContractResult, check_reply, requested_max_t
 from ._driver import Op, interrupted, run_to_end
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard, Guards, default_guards
+from ._json import MAX_DEPTH, depth, loggable
 from ._limits import Limits, Policy
 from ._messages import Reply, Request
 from ._state import RunState
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import Model
-from .runlog._writer import FORMAT, VERSION, RunLog
+from .runlog._writer import FORMAT, VERSION, LogWriteError, RunLog
 from .tools._executor import Executor, ToolResult, error_result
 from .tools._registry import Registry, Tool, ToolKind
 
@@ -38,12 +39,14 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
         executor: Executor | None = None, header: dict[str, Any] | None = None,
         gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
         compaction: Compaction | None = None) -> RunResult:
-    """Run the fenced loop until it stops for a named reason. Never raises for a stop.
+    """Run the fenced loop until it stops for a named reason. Never raises for a stop; raises
+    LogWriteError (an OSError) when the log cannot be written, ending the run where its log ends.
 
     gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
     compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables).
     """
     registry = tools if isinstance(tools, Registry) else Registry(tools)
+    task, system = loggable(task), system and loggable(system)  # as the header reads back (replay)
     messages = ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": task}]
     gate = gate or UntrustedGate(approve)
@@ -56,8 +59,14 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
                  tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
                          **t.schema()} for t in registry],
                  model=_describe(model), gate=gate.describe(), compaction=state.compaction.to_json(),
-                 **(header or {}))
+                 **_tool_info(registry), **(header or {}))
     return drive(state, model, runlog, default_guards(state.limits, guards, gate), executor or Executor())
+
+
+def _tool_info(registry: Registry) -> dict[str, Any]:
+    """What tools report about themselves for the header (run_command: the bounds in force)."""
+    info = {t.name: t.info for t in registry if t.info}
+    return {"tool_info": info} if info else {}
 
 
 def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[str, Any],
@@ -85,6 +94,9 @@ def _drive(s: RunState, model: Model, log: RunLog, guards: Guards,
         stop = exc.stop
     except KeyboardInterrupt:
         stop = Stop(StopReason.CANCELLED, "interrupted (Ctrl-C)")
+    except LogWriteError:  # nothing more can be logged: the run ends here, its log resumable
+        log.close()
+        raise
     except Exception as exc:  # noqa: BLE001 - even a bug in loopfence must end the run named
         stop = Stop(StopReason.ENDPOINT_ERROR, f"internal error in loopfence, please report it: "
                     f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
@@ -164,14 +176,20 @@ class _Execute(Op):
 
 
 def _send(model: Model, request: Request) -> Generator[Op, Any, Reply]:
-    """One request. Whatever an adapter raises ends the run as endpoint_error, never as a traceback."""
+    """One request. Whatever an adapter raises ends the run as endpoint_error, never as a traceback;
+    so does a reply nested too deep for the log to record and read back."""
     try:
-        return (yield _Send(model, request))
+        reply = yield _Send(model, request)
     except (StopError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001
         raise StopError(StopReason.ENDPOINT_ERROR,
                         f"the model adapter raised {type(exc).__name__}: {exc}") from exc
+    levels = max([depth(reply.raw), *(depth(c.arguments) for c in reply.tool_calls)])
+    if levels > MAX_DEPTH:
+        raise StopError(StopReason.ENDPOINT_ERROR, f"the reply is nested {levels:,} levels deep (the "
+                        f"limit is {MAX_DEPTH}): the log could not record it")
+    return reply
 
 
 def _settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractResult,

@@ -49,7 +49,7 @@ class RunState:
     def __post_init__(self) -> None:
         tools = canonical_json(self.registry.schemas())
         self._tools_units = text_units(tools)
-        self._tools_fp = hashlib.sha256(tools.encode()).hexdigest()[:16]
+        self._tools_fp = hashlib.sha256(tools.encode("utf-8", "surrogatepass")).hexdigest()[:16]
         self.view = OutgoingView(self.compaction, frozenset(
             t.name for t in self.registry if t.kind is ToolKind.READ_ONLY))
         if self.cache is None:
@@ -77,7 +77,7 @@ class RunState:
     def append(self, message: dict[str, Any]) -> None:
         text = canonical_json(message)
         self._chars += len(text)
-        self.chain = hashlib.sha256(f"{self.chain}\n{text}".encode()).hexdigest()[:16]
+        self.chain = hashlib.sha256(f"{self.chain}\n{text}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
         self.messages.append(message)
         self.view.add(message, text_units(text))
 

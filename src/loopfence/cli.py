@@ -7,7 +7,9 @@ import importlib
 import sys
 
 from ._commands import COMMANDS
-from ._commands._common import UsageError, stderr
+from ._commands._common import DETAIL_CHARS, UsageError, stderr
+from ._printable import printable
+from .runlog._writer import LogWriteError
 
 __all__ = ["cli", "main"]
 
@@ -36,8 +38,9 @@ def cli(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(modules[args.command].main(args))  # type: ignore[attr-defined]
-    except UsageError as exc:
-        stderr.print(f"loopfence {args.command}: error: {exc}", markup=False)
+    except (UsageError, LogWriteError) as exc:  # bad input, or a run log that cannot be written
+        stderr.print(f"loopfence {args.command}: error: {printable(exc, DETAIL_CHARS, one_line=True)}",
+                     markup=False)
         return 2
     except KeyboardInterrupt:
         stderr.print("loopfence: interrupted", markup=False)

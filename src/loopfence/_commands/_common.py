@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from .._json import loads
 from .._limits import Limits, parse_limit
+from .._printable import markup, printable, rich_text
 from .._stops import RunResult
 
 __all__ = ["UsageError", "limits_from_flags", "default_log_path", "live_printer", "print_summary",
            "print_token_table", "stderr"]
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+# emoji off: a ":name:" in a model's text stays text (markup is escaped where values are shown)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+DETAIL_CHARS = 2_000  # a stop detail or a divergence shown on the console
 
 
 class UsageError(Exception):
@@ -41,13 +43,16 @@ def default_log_path(folder: str | Path = "runs") -> Path:
     return Path(folder) / f"run-{stamp}.jsonl"
 
 
-def _short(text: Any, n: int = 80) -> str:
-    s = str(text).replace("\n", " ")
-    return s if len(s) <= n else s[: n - 1] + "…"
+def _short(value: Any, n: int = 80) -> str:
+    """One line of at most n characters, escaped for markup (a model's or a tool's text)."""
+    text = value if isinstance(value, str) else str(value)
+    s = printable(text[: n + 1], one_line=True)  # never the whole of a megabyte result
+    return markup(s if len(s) <= n else s[: n - 1] + "…")
 
 
 def live_printer(console: Console = stderr) -> Any:
-    """A RunLog listener: one line per request, call decision and stop, on stderr."""
+    """A RunLog listener: one line per request, call decision and stop, on stderr. Every value
+    that came from a model, a tool or a file is escaped (markup and terminal controls)."""
 
     def on_event(e: dict[str, Any]) -> None:
         kind = e["event"]
@@ -55,16 +60,20 @@ def live_printer(console: Console = stderr) -> Any:
             console.print(f"[dim]step {e['step']}[/] · prompt ~{e['prompt_estimate']} tokens")
         elif kind == "reply":
             u = e.get("usage") or {}
-            console.print(f"  [dim]reply[/] finish={e.get('finish_reason')} "
+            console.print(f"  [dim]reply[/] finish={_short(e.get('finish_reason'))} "
                           f"prompt={u.get('prompt_tokens')} completion={u.get('completion_tokens')}")
         elif kind == "result":
             mark = {"executed": "→", "reused": "↺", "refused": "✗", "rejected": "✗"}[e["decision"]]
-            status = "ok" if e["ok"] else f"error: {e.get('error')}"
-            console.print(escape(f"  {mark} {e['name']} [{e['decision']}] {status} · {_short(e['content'], 60)}"))
+            status = "ok" if e["ok"] else f"error: {_short(e.get('error'))}"
+            decision = markup(f"[{e['decision']}]")
+            console.print(f"  {mark} {_short(e['name'])} {decision} {status} · "
+                          f"{_short(e['content'], 60)}")
         elif kind == "gate":
-            console.print(f"  [yellow]gate[/] {e.get('name')}: {e.get('decision')} {e.get('reason', '')}")
+            console.print(f"  [yellow]gate[/] {_short(e.get('name'))}: {_short(e.get('decision'))} "
+                          f"{_short(e.get('reason', ''), DETAIL_CHARS)}")
         elif kind == "stop":
-            console.print(f"[bold]stop[/] {e['reason']} ({e['verdict']}): {e['detail']}")
+            console.print(f"[bold]stop[/] {e['reason']} ({e['verdict']}): "
+                          f"{_short(e['detail'], DETAIL_CHARS)}")
 
     return on_event
 
@@ -75,7 +84,7 @@ def _per_step(result: RunResult) -> list[tuple[int, int]]:
         return []
     try:
         lines = Path(result.log_path).read_text(encoding="utf-8").splitlines()
-        stop = json.loads(lines[-1]) if lines else {}
+        stop = loads(lines[-1]) if lines else {}
         return [(int(p), int(c)) for p, c in stop.get("per_step") or []] if stop.get("event") == "stop" else []
     except (OSError, ValueError, TypeError):
         return []
@@ -106,13 +115,13 @@ def print_summary(result: RunResult, console: Console = stderr,
             ("prompt tokens", led.prompt_tokens), ("completion tokens", led.completion_tokens),
             ("elapsed", f"{led.elapsed_s:.2f}s")]
     for k, v in rows:
-        table.add_row(k, str(v))
+        table.add_row(k, rich_text(v, DETAIL_CHARS))
     console.print(table)
     steps = _per_step(result) if per_step is None else per_step
     if steps:
         print_token_table(steps, console)
     if result.log_path:
-        console.print(f"log: {result.log_path}", markup=False, highlight=False, overflow="ignore",
-                      crop=False)
-    if result.final_answer:
-        print(result.final_answer, file=sys.stdout)
+        console.print(f"log: {printable(result.log_path)}", markup=False, highlight=False,
+                      overflow="ignore", crop=False)
+    if result.final_answer:  # the answer keeps its lines; no terminal control gets through
+        print(printable(result.final_answer), file=sys.stdout)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from datetime import datetime
@@ -12,6 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
+from .._json import dumps
+from .._printable import printable
 from ..drill import (DrillSetupError, Endpoint, ScenarioError, load_scenarios, print_table,
                      run_scenario, scripted_models, write_results)
 from ..drill._models import ModelFactory, http_pieces
@@ -55,8 +56,9 @@ def _models(args: argparse.Namespace) -> ModelFactory:
 
 def _console(to_stderr: bool) -> Console:
     """The table's console; a file or pipe gets a wide table instead of rich's 80 columns."""
-    console = Console(stderr=to_stderr, highlight=False)
-    return console if console.is_terminal else Console(stderr=to_stderr, highlight=False, width=150)
+    console = Console(stderr=to_stderr, highlight=False, emoji=False)
+    return console if console.is_terminal else Console(stderr=to_stderr, highlight=False, emoji=False,
+                                                       width=150)
 
 
 def _writable(out: Path) -> None:
@@ -84,11 +86,11 @@ def main(args: argparse.Namespace) -> int:
         row = run_scenario(scenario, out, models)
         results.append(row)
         if args.json:
-            print(json.dumps(row.to_json(), ensure_ascii=False), file=sys.stdout, flush=True)
+            print(dumps(row.to_json()), file=sys.stdout, flush=True)
     print_table(results, table_console)
     try:
         path = write_results(out, results, [str(p) for p in args.paths])
     except OSError as exc:
         raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
-    stderr.print(f"logs and results: {path}", markup=False)
+    stderr.print(f"logs and results: {printable(path)}", markup=False)
     return 1 if any(r.failed for r in results) else 0

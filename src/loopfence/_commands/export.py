@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from .._json import dumps
+from .._printable import printable
 from ..runlog._atif import to_atif
 from ..runlog._events import LogError
 from ._common import UsageError, stderr
@@ -33,14 +34,14 @@ def main(args: argparse.Namespace) -> int:
         doc = to_atif(args.log)
     except LogError as exc:
         raise UsageError(str(exc)) from None
-    text = json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
+    text = dumps(doc, indent=2) + "\n"  # a lone surrogate from the log stays escaped
     if args.output:
         try:
             Path(args.output).write_text(text, encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"--output {args.output}: {exc.strerror or exc}") from None
-        stderr.print(f"wrote {args.output} ({len(doc['steps'])} steps, {doc['schema_version']})",
-                     markup=False)
+        stderr.print(f"wrote {printable(args.output)} ({len(doc['steps'])} steps, "
+                     f"{doc['schema_version']})", markup=False)
     else:
         sys.stdout.write(text)
     return 0

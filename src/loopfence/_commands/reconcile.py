@@ -6,12 +6,12 @@ import argparse
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from .._printable import markup, printable, rich_text
 from ..runlog._events import LogError
 from ..runlog._reconcile import Reconciliation, reconcile
-from ._common import UsageError, stderr
+from ._common import DETAIL_CHARS, UsageError, stderr
 
 __all__ = ["add_parser", "main", "print_reconciliation", "reconcile_own_log"]
 
@@ -28,13 +28,13 @@ def add_parser(sub: Any) -> None:
 
 
 def print_reconciliation(rec: Reconciliation, console: Console = stderr) -> None:
-    table = Table(title=f"reconcile {rec.path}")
+    table = Table(title=f"reconcile {markup(rec.path)}")
     table.add_column("invariant", style="bold")
     table.add_column("result")
     table.add_column("detail")
     for c in rec.checks:
         mark = "[green]pass[/]" if c.ok else "[bold red]FAIL[/]"
-        table.add_row(escape(c.name), mark, escape(c.detail))
+        table.add_row(rich_text(c.name), mark, rich_text(c.detail, DETAIL_CHARS))
     console.print(table)
     console.print(summary_line(rec), markup=False)
 
@@ -53,7 +53,8 @@ def reconcile_own_log(path: str | None, console: Console = stderr) -> bool:
     try:
         rec = reconcile(path)
     except LogError as exc:
-        console.print(f"reconcile: the log cannot be read back: {exc}", markup=False)
+        console.print(f"reconcile: the log cannot be read back: {printable(exc, DETAIL_CHARS)}",
+                      markup=False)
         return False
     if rec.ok:
         console.print(summary_line(rec), markup=False)

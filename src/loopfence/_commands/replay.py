@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .._limits import parse_limit
+from .._printable import printable
 from ..runlog._events import LogError
 from ..runlog._replay import replay
 from ._common import UsageError, stderr
@@ -43,6 +44,6 @@ def main(args: argparse.Namespace) -> int:
         report = replay(args.log, limits=overrides, execute_tools=args.execute_tools)
     except LogError as exc:
         raise UsageError(str(exc)) from None
-    for line in report.lines():
-        stderr.print(line, markup=False)
+    for line in report.lines():  # a divergence shows clipped events: a result can be 200 MB
+        stderr.print(printable(line), markup=False)
     return 0 if report.ok else 1

@@ -6,11 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .._printable import printable
 from .._stops import Verdict
 from ..runlog._events import LogError
 from ..runlog._rebuild import ModelRebuildError
 from ..runlog._resume import resume
-from ._common import UsageError, live_printer, print_summary, stderr
+from ._common import DETAIL_CHARS, UsageError, live_printer, print_summary, stderr
 from .reconcile import reconcile_own_log
 
 __all__ = ["add_parser", "main"]
@@ -40,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
     except (LogError, ModelRebuildError) as exc:
         raise UsageError(str(exc)) from None
     for line in outcome.lines():
-        stderr.print(line, markup=False)
+        stderr.print(printable(line, DETAIL_CHARS), markup=False)
     if outcome.result is None:
         return 0
     print_summary(outcome.result)

@@ -12,7 +12,7 @@ from .._gate import APPROVE_MODES, approver
 from .._limits import Policy
 from .._loop import run
 from .._stops import Verdict
-from ..models import Model, ScriptedModel, ScriptError, load_script
+from ..models import Model, ScriptedModel, ScriptError
 from ..runlog import RunLog
 from ..tools import workspace_tools
 from ._common import UsageError, default_log_path, limits_from_flags, live_printer, print_summary
@@ -43,7 +43,11 @@ def add_parser(sub: Any) -> None:
     fence = p.add_argument_group("untrusted content and context")
     fence.add_argument("--untrusted", metavar="GLOB", action="append", default=[],
                        help="workspace files that are untrusted content (repeatable), e.g. 'vendor/**', "
-                       "or '**' when reviewing someone else's code; HTML pages always are")
+                       "or '**' when reviewing someone else's code; so is HTML that was in the workspace "
+                       "when the run started, and any result holding text from either")
+    fence.add_argument("--trust", metavar="GLOB", action="append", default=[],
+                       help="the mirror of --untrusted: HTML of yours that was in the workspace at the start "
+                       "(templates, docs) is trusted, e.g. 'templates/**' (repeatable)")
     fence.add_argument("--approve", choices=APPROVE_MODES, help="privileged calls (run_command, write_file, "
                        "apply_patch) while untrusted content is in context: ask on the terminal, deny, or "
                        "allow all (recorded in the log). Default: ask on a terminal, deny without one")
@@ -51,8 +55,14 @@ def add_parser(sub: Any) -> None:
                        help="tool results older than the last K turns go to the model as a short stub "
                        "(the log keeps them); default: %(default)s")
     fence.add_argument("--no-compaction", action="store_true", help="send every tool result every turn")
+    fence.add_argument("--allow-hardlinks", action="store_true",
+                       help="let read_file and apply_patch read files with more than one hard link (by "
+                       "default refused: a link made before the run can name a file outside the workspace)")
     p.add_argument("--unsandboxed", action="store_true",
                    help="run_command WITHOUT the bubblewrap sandbox (explicit opt-out; recorded in the run log)")
+    p.add_argument("--hide-env", metavar="NAME", action="append", default=[],
+                   help="an environment variable --unsandboxed commands do not get (repeatable; "
+                   "OPENAI_API_KEY and LOOPFENCE_API_KEY never reach them; the sandbox passes none)")
     http = p.add_argument_group("OpenAI-compatible endpoint (instead of --script or the embedded model)")
     http.add_argument("--base-url", metavar="URL",
                       help="e.g. http://127.0.0.1:8080/v1 (default: $LOOPFENCE_BASE_URL)")
@@ -65,7 +75,7 @@ def add_parser(sub: Any) -> None:
 def build_model(args: argparse.Namespace) -> Model:
     if args.script:
         try:
-            return ScriptedModel(load_script(args.script))
+            return ScriptedModel.from_file(args.script)
         except ScriptError as exc:
             raise UsageError(str(exc)) from None
     if args.base_url or os.environ.get("LOOPFENCE_BASE_URL"):
@@ -104,12 +114,15 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:  # a folder, a missing or read-only place: one line, exit 2
         raise UsageError(f"--log {log_path}: {exc.strerror or exc}") from None
     result = run(args.task, model=model, tools=workspace_tools(workspace, sandbox=not args.unsandboxed,
-                                                             untrusted_globs=args.untrusted),
+                                                             untrusted_globs=args.untrusted,
+                                                             trust_globs=args.trust, hide_env=args.hide_env,
+                                                             allow_hardlinks=args.allow_hardlinks),
                  limits=limits, policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,
                  approve=approve, compaction=compaction,
                  header={"workspace": str(workspace.resolve()), "unsandboxed": args.unsandboxed,
                          "sandbox": "none" if args.unsandboxed else "bubblewrap",
-                         "untrusted_globs": args.untrusted})
+                         "untrusted_globs": args.untrusted, "trust_globs": args.trust,
+                         "allow_hardlinks": args.allow_hardlinks})
     print_summary(result)
     reconciled = reconcile_own_log(result.log_path)  # the log must add up; say so
     return 0 if result.verdict is Verdict.SHIP and reconciled else 1

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from .._json import canonical_json, loads_object
+from .._json import canonical_json, loads, loads_object
 from .._messages import Reply, ReplyFormatError
 
 __all__ = ["CallRecord", "calls_from_events"]
@@ -38,7 +37,7 @@ def _arguments(e: dict[str, Any]) -> Any:
     key, name = e.get("key"), e.get("name", "")
     if isinstance(key, str) and key.startswith(f"{name}:"):
         try:
-            return json.loads(key[len(name) + 1:])
+            return loads(key[len(name) + 1:])
         except ValueError:
             pass
     raw = e.get("raw_arguments") or ""

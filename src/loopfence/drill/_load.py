@@ -9,6 +9,7 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .._json import MAX_INPUT_BYTES, JsonFileError, JsonLimitError, loads, read_bounded
 from .._limits import Limits, Policy
 from ..tools import workspace_tools
 from ._fields import Fields
@@ -68,13 +69,17 @@ def load_scenarios(paths: list[str | Path]) -> list[Scenario]:
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(p, "", f"cannot read: {exc}") from None
+        text = read_bounded(p, MAX_INPUT_BYTES, "scenario file").decode("utf-8")
+    except JsonFileError as exc:
+        raise ScenarioError(p, "", str(exc).removeprefix(f"{p}: ")) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(p, "", f"cannot read: not UTF-8 text ({exc.reason})") from None
     if not text.strip():
         raise ScenarioError(p, "", "empty file: a scenario is one JSON object")
     try:
-        data = json.loads(text)
+        data = loads(text)
+    except JsonLimitError as exc:
+        raise ScenarioError(p, "", f"JSON over a limit: {exc.msg}") from None
     except json.JSONDecodeError as exc:
         raise ScenarioError(p, "", f"line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg}") from None
     return parse_scenario(data, str(p))

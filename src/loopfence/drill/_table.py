@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from .._json import dumps
+from .._printable import rich_text
 
 from ._runner import DrillResult
 
@@ -36,7 +37,7 @@ def decision_table(results: Sequence[DrillResult]) -> Table:
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("pass", justify="center", no_wrap=True)
     for r in results:
-        table.add_row(escape(r.name), r.expected_stop or "-", r.stop or "-",
+        table.add_row(rich_text(r.name), rich_text(r.expected_stop or "-"), rich_text(r.stop or "-"),
                       str(r.counts.get("model_requests", 0)), str(r.counts.get("tool_executions", 0)),
                       str(r.counts.get("reused", 0)), str(r.prompt_tokens + r.completion_tokens), _mark(r))
     return table
@@ -46,7 +47,7 @@ def print_table(results: Sequence[DrillResult], console: Console) -> None:
     console.print(decision_table(results))
     for r in results:
         for problem in r.mismatches:
-            console.print(escape(f"  {r.name}: {problem}"), style="red")
+            console.print(rich_text(f"  {r.name}: {problem}", style="red"))
     failed = sum(r.failed for r in results)
     checked = sum(r.passed is not None or r.error is not None for r in results)
     console.print(f"{checked - failed}/{checked} scenarios with expectations passed"
@@ -60,5 +61,5 @@ def write_results(out_dir: Path, results: Sequence[DrillResult], paths: Sequence
         "scenarios": [r.to_json() for r in results],
     }
     path = out_dir / "results.json"
-    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(dumps(doc, indent=2) + "\n", encoding="utf-8")
     return path

@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .._json import loads
 from .._stops import StopError, StopReason
 
 __all__ = ["error_stop", "error_message", "is_context_overflow"]
@@ -120,7 +121,7 @@ def _tool_use_failed(status: int | None, body: Any, tools: Iterable[str],
     call: Any = None
     if isinstance(gen, str):
         try:
-            call = json.loads(gen)
+            call = loads(gen)
         except ValueError:
             call = None
     elif isinstance(gen, dict):

@@ -23,7 +23,6 @@ violation, endpoint_error). The API key is sent as `Authorization: Bearer`; it n
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import socket
@@ -36,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from .._driver import Slot, take_slot
+from .._json import loads
 from .._messages import Reply, Request
 from .._stops import StopError, StopReason
 from ._errors import error_stop
@@ -285,7 +285,7 @@ class OpenAIModel:
             return self._read_stream(resp, tools)
         raw = resp.read()  # a body cut short raises a transport error: retried (nothing was used)
         try:
-            obj = json.loads(raw)
+            obj = loads(raw)  # bounded: nesting and integers (a RecursionError would be a traceback)
         except ValueError as exc:
             raise StopError(StopReason.ENDPOINT_ERROR, f"HTTP {status}: the body is not valid JSON "
                             f"({exc}): {self._redact(raw[:120].decode('utf-8', 'replace'))!r}",
@@ -371,7 +371,7 @@ def _phase(exc: httpx.TimeoutException) -> str:
 
 def _json_or_text(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        return loads(raw)
     except ValueError:
         return raw.decode("utf-8", "replace").strip() or "(empty body)"
 

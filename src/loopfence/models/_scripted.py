@@ -1,18 +1,26 @@
-"""ScriptedModel: replies from a list; when the list runs out, the last reply repeats."""
+"""ScriptedModel: replies from a list; when the list runs out, the last reply repeats.
+
+A model made from a script file (`ScriptedModel.from_file`) is described in the log header by the
+file's path and sha256, not by its replies (a script can be large); resume reads the file again
+and refuses it if it changed. A model made from a list carries its replies inline.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._json import JsonFileError, load_json_items
+from .._json import (MAX_DEPTH, MAX_INPUT_BYTES, JsonFileError, depth, dumps, json_items, load_json_items,
+                     loads, read_bounded)
 from .._messages import Reply, ReplyFormatError, Request
 from .._stops import StopError, StopReason
 
-__all__ = ["ScriptedModel", "load_script", "ScriptError", "DELAY_ENV"]
+__all__ = ["ScriptedModel", "ScriptSource", "load_script", "ScriptError", "DELAY_ENV"]
 
 
 class ScriptError(ValueError):
@@ -20,6 +28,14 @@ class ScriptError(ValueError):
 
 
 DELAY_ENV = "LOOPFENCE_SCRIPTED_DELAY_S"  # test knob: seconds each scripted reply takes
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptSource:
+    """The script file a model was read from: its absolute path and the sha256 of its bytes."""
+
+    path: str
+    sha256: str
 
 
 class ScriptedModel:
@@ -30,10 +46,11 @@ class ScriptedModel:
     """
 
     def __init__(self, replies: Sequence[dict[str, Any] | Reply], *, repeat_last: bool = True,
-                 offset: int = 0, delay_s: float | None = None) -> None:
+                 offset: int = 0, delay_s: float | None = None, source: ScriptSource | None = None) -> None:
         if not replies:
             raise ValueError("ScriptedModel needs at least one reply")
-        self.replies = list(replies)
+        self.replies = [r if isinstance(r, Reply) else _as_logged(i, r) for i, r in enumerate(replies, 1)]
+        self.source = source
         self.repeat_last = repeat_last
         self.offset = offset
         self.delay_s = float(os.environ.get(DELAY_ENV) or 0) if delay_s is None else delay_s
@@ -58,10 +75,43 @@ class ScriptedModel:
         except ReplyFormatError as exc:
             raise StopError(StopReason.ENDPOINT_ERROR, f"scripted reply {i + 1}: {exc}") from None
 
+    @classmethod
+    def from_file(cls, path: str | Path, *, sha256: str | None = None, **options: Any) -> ScriptedModel:
+        """The replies of a script file (see load_script). `sha256`: the bytes must hash to it
+        (resume: the file must be the one the run used). Raises ScriptError naming the file."""
+        try:
+            data = read_bounded(path, MAX_INPUT_BYTES, "script file")
+            digest = hashlib.sha256(data).hexdigest()
+            if sha256 is not None and digest != sha256:
+                raise ScriptError(f"{path}: the script file changed since the run (sha256 {digest}, "
+                                  f"the run used {sha256})")
+            replies = json_items(path, data, Reply.from_response, "script file")
+            return cls(replies, source=ScriptSource(str(Path(path).resolve()), digest), **options)
+        except JsonFileError as exc:
+            raise ScriptError(str(exc)) from None
+        except ScriptError:
+            raise
+        except ValueError as exc:
+            raise ScriptError(f"{path}: {exc}") from None
+
     def describe(self) -> dict[str, Any]:
-        """Everything needed to rebuild this model (resume): the replies inline, in response form."""
-        return {"kind": "scripted", "replies": len(self.replies), "repeat_last": self.repeat_last,
-                "script": [_as_response(r) for r in self.replies]}
+        """Everything needed to rebuild this model (resume): the script file's path and hash, or
+        the replies inline, in response form."""
+        head = {"kind": "scripted", "replies": len(self.replies), "repeat_last": self.repeat_last}
+        if self.source is not None:
+            return {**head, "script_path": self.source.path, "script_sha256": self.source.sha256}
+        return {**head, "script": [_as_response(r) for r in self.replies]}
+
+
+def _as_logged(i: int, reply: Any) -> Any:
+    """The reply as the log header records it and reads it back (so a resumed or replayed run
+    sees what this one saw); ValueError when the log could not hold it."""
+    if (levels := depth(reply)) > MAX_DEPTH:
+        raise ValueError(f"scripted reply {i} is nested {levels:,} levels deep (the limit is {MAX_DEPTH})")
+    try:
+        return loads(dumps(reply))
+    except ValueError as exc:
+        raise ValueError(f"scripted reply {i}: {exc}") from None
 
 
 def _as_response(item: dict[str, Any] | Reply) -> dict[str, Any]:

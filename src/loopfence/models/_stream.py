@@ -19,11 +19,11 @@ choice at all is an endpoint error (empty choices). None of these yields a call.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._json import loads
 from .._messages import Reply, ReplyFormatError, ToolCall, Usage, content_text
 from .._stops import StopError, StopReason
 from ._errors import error_stop
@@ -54,7 +54,6 @@ class _Call:
 
 def chunks_from_events(events: Iterable[SSEEvent], end: StreamEnd) -> Iterator[dict[str, Any]]:
     """Parsed chunk dicts from SSE events; stops at [DONE]. Error events raise StopError."""
-    loads = json.loads
     for ev in events:
         data = ev.data
         if data == DONE:

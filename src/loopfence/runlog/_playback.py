@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._json import dumps
 from .._messages import Reply, Request
 from .._state import RunState
 from .._stops import StopError, StopReason
@@ -36,6 +37,7 @@ __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Record
            "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "comparable", "outcome_unknown"]
 
 _VOLATILE = ("seq", "t", "duration_s")
+SHOW_CHARS = 2_000  # of each event a divergence shows
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +50,13 @@ class Divergence:
     expected: dict[str, Any] | None
     got: dict[str, Any] | None
 
-    def describe(self) -> str:
+    def describe(self, limit: int = SHOW_CHARS) -> str:
+        """The mismatch, each event clipped to `limit` characters (a result can be megabytes)."""
         def show(x: dict[str, Any] | None) -> str:
-            return "(nothing)" if x is None else json.dumps(x, ensure_ascii=False, sort_keys=True)
+            if x is None:
+                return "(nothing)"
+            text = dumps(x, sort_keys=True)
+            return text if len(text) <= limit else f"{text[:limit]}… [{len(text) - limit:,} more characters]"
 
         return (f"step {self.step}: {self.what}\n  expected (line {self.line}): {show(self.expected)}\n"
                 f"  got: {show(self.got)}")
@@ -77,7 +83,7 @@ class RecordingEnded(PlaybackSignal):
 
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
     """An event as replay compares it: JSON-normalized, without timing fields."""
-    out: dict[str, Any] = json.loads(json.dumps(record, ensure_ascii=False, default=str))
+    out: dict[str, Any] = json.loads(dumps(record))
     for k in _VOLATILE:
         out.pop(k, None)
     if out.get("event") == "stop":

@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
+from .._json import MAX_LOG_DEPTH, JsonFileError, JsonLimitError, loads, read_bounded
 from ._events import Event, Header, LogError, StopEvent, parse_event
 from ._writer import EVENT_KINDS, FORMAT, VERSION
 
-__all__ = ["RunLogFile", "read_log", "LogError"]
+__all__ = ["RunLogFile", "read_log", "LogError", "MAX_LOG_BYTES"]
+
+MAX_LOG_BYTES = 256 << 20  # a run log read back (replay, reconcile, export, resume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +55,9 @@ def read_log(path: str | os.PathLike[str], *, tolerant: bool = False) -> RunLogF
     """Read and check a run log. `tolerant=True` sets aside an incomplete last line (for resume)."""
     p = str(path)
     try:
-        data = Path(p).read_bytes()
-    except FileNotFoundError:
-        raise LogError(p, 0, "no such file") from None
-    except OSError as exc:
-        raise LogError(p, 0, f"cannot read: {exc}") from None
+        data = read_bounded(p, MAX_LOG_BYTES, "run log")
+    except JsonFileError as exc:
+        raise LogError(p, 0, str(exc).removeprefix(f"{p}: ")) from None
     if not data:
         raise LogError(p, 1, "empty file: a run log starts with a header line")
     complete_bytes = len(data)
@@ -90,7 +90,9 @@ def _parse_line(path: str, lineno: int, raw: bytes) -> Event:
     if not text.strip():
         raise LogError(path, lineno, "blank line")
     try:
-        record = json.loads(text)
+        record = loads(text, max_depth=MAX_LOG_DEPTH)
+    except JsonLimitError as exc:
+        raise LogError(path, lineno, f"JSON over a limit: {exc.msg}") from None
     except json.JSONDecodeError as exc:
         raise LogError(path, lineno, f"not JSON: {exc.msg} (column {exc.colno})") from None
     if not isinstance(record, dict):

@@ -16,7 +16,8 @@ from ..models._base import Model
 from ..tools._registry import Registry, Tool
 from ._events import Event, Header, LogError, ToolSpec
 
-__all__ = ["RecordedFn", "recorded_tool", "limits_of", "policy_of", "compaction_of", "gate_of",
+__all__ = ["RecordedFn", "recorded_tool", "recorded_limits", "recorded_policy", "limits_of",
+           "policy_of", "compaction_of", "gate_of",
            "messages_of", "registry_of", "check_tools", "model_of", "ModelRebuildError", "live_approval", "gated_names",
            "workspace_tools_of"]
 
@@ -41,16 +42,30 @@ def recorded_tool(spec: ToolSpec, privileged: bool = False) -> Tool:
                             privileged=privileged)
 
 
+# Rules added after logs were first written: a header without them comes from a run without them.
+_LIMITS_BEFORE: dict[str, Any] = {"max_cycle_repeats": None}  # no cycle detection
+_POLICY_BEFORE: dict[str, Any] = {"repeat_scope": "run"}  # repeats counted over the whole run
+
+
+def recorded_limits(data: Mapping[str, Any]) -> Limits:
+    """The header's limits as the run applied them (ValueError/TypeError when unreadable)."""
+    return Limits.from_json({**_LIMITS_BEFORE, **data})
+
+
+def recorded_policy(data: Mapping[str, Any]) -> Policy:
+    return Policy.from_json({**_POLICY_BEFORE, **data})
+
+
 def limits_of(h: Header, path: str, overrides: Mapping[str, Any] | None = None) -> Limits:
     try:
-        return Limits.from_json(h.limits).replace(**dict(overrides or {}))
+        return recorded_limits(h.limits).replace(**dict(overrides or {}))
     except (TypeError, ValueError) as exc:
         raise LogError(path, h.line, f"header limits: {exc}") from None
 
 
 def policy_of(h: Header, path: str) -> Policy:
     try:
-        return Policy.from_json(h.policy)
+        return recorded_policy(h.policy)
     except (TypeError, ValueError) as exc:
         raise LogError(path, h.line, f"header policy: {exc}") from None
 
@@ -148,13 +163,20 @@ def model_of(h: Header, replies_served: int) -> Model:
 
 
 def _scripted(d: dict[str, Any], served: int) -> Model:
-    from ..models._scripted import ScriptedModel
+    from ..models._scripted import ScriptedModel, ScriptError
 
+    options: dict[str, Any] = {"repeat_last": bool(d.get("repeat_last", True)), "offset": served}
+    path, digest = d.get("script_path"), d.get("script_sha256")
+    if isinstance(path, str) and isinstance(digest, str):
+        try:
+            return ScriptedModel.from_file(path, sha256=digest, **options)
+        except ScriptError as exc:
+            raise ModelRebuildError(f"cannot rebuild the scripted model: {exc}") from None
     script = d.get("script")
     if not isinstance(script, list) or not script:
-        raise ModelRebuildError("the header's scripted model has no inline script (written by an "
-                                "older loopfence); pass the model to resume()")
-    return ScriptedModel(script, repeat_last=bool(d.get("repeat_last", True)), offset=served)
+        raise ModelRebuildError("the header's scripted model has no script (neither inline nor a "
+                                "file); pass the model to resume()")
+    return ScriptedModel(script, **options)
 
 
 def _openai(d: dict[str, Any], served: int) -> Model:
@@ -178,12 +200,14 @@ def _local(d: dict[str, Any], served: int) -> Model:
 
 def workspace_tools_of(h: Header, path: str, root: str | None = None) -> list[Tool]:
     """The built-in workspace tools as `loopfence run` made them: over `root` (default: the recorded
-    workspace), with the recorded sandbox choice and untrusted globs."""
+    workspace), with the recorded sandbox choice, untrusted globs and hard-link choice."""
     from ..tools import workspace_tools
 
     where = root or h.workspace
     if not where:
         raise LogError(path, h.line, "the header names no workspace; pass the run's tools or a workspace")
-    globs = h.raw.get("untrusted_globs")
+    globs, trust = h.raw.get("untrusted_globs"), h.raw.get("trust_globs")
     return workspace_tools(where, sandbox=not bool(h.raw.get("unsandboxed", False)),
-                           untrusted_globs=[str(g) for g in globs] if isinstance(globs, list) and globs else None)
+                           untrusted_globs=[str(g) for g in globs] if isinstance(globs, list) and globs else None,
+                           trust_globs=[str(g) for g in trust] if isinstance(trust, list) and trust else None,
+                           allow_hardlinks=h.raw.get("allow_hardlinks") is True)

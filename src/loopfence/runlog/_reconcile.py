@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from .._contract import check_call, check_reply
-from .._limits import Limits
 from .._messages import Reply
 from .._stops import StopReason, Verdict
 from ._events import CallEvent, LogError, ReplyEvent, ResultEvent, StopEvent
 from ._reader import RunLogFile, read_log
-from ._rebuild import registry_of
+from ._rebuild import recorded_limits, recorded_policy, registry_of
 from ._stopcheck import StopFacts, limit_reached
 
 __all__ = ["Check", "Reconciliation", "reconcile", "INVARIANTS"]
@@ -214,15 +213,20 @@ def _limit(log: RunLogFile, stop: StopEvent | None, turns: list[_Turn], results:
     if stop is None or stop.reason not in set(StopReason):
         return Check("limit_reached", False, "no valid stop to check")
     try:
-        limits = Limits.from_json(log.header.limits)
+        limits = recorded_limits(log.header.limits)
     except (TypeError, ValueError) as exc:
         return Check("limit_reached", False, f"header limits unreadable: {exc}")
+    try:
+        scope = recorded_policy(log.header.policy).repeat_scope
+    except (TypeError, ValueError) as exc:
+        return Check("limit_reached", False, f"header policy unreadable: {exc}")
     facts = StopFacts(stop, limits, log.header.params, turns=[t.parsed for t in turns],
                       requests=sum(e.kind == "request" for e in log.events), results=results,
                       keys=_keys(log, turns, calls), prompt_used=sum(t.reply.prompt_tokens for t in turns),
                       completion_used=sum(t.reply.completion_tokens for t in turns),
                       kinds={s.name: s.kind for s in log.header.tools},
-                      last_kind=_before_stop(log))
+                      last_kind=_before_stop(log), steps=[t.step for t in turns],
+                      result_keys=_result_keys(log), repeat_scope=scope)
     ok, detail = limit_reached(facts)
     return Check("limit_reached", ok, detail)
 
@@ -254,6 +258,18 @@ def _keys(log: RunLogFile, turns: list[_Turn], calls: list[CallEvent]) -> list[s
             if key is not None and registry.get(c.name) is not None:
                 keys.add(key)
         out.append(keys)
+    return out
+
+
+def _result_keys(log: RunLogFile) -> list[str | None]:
+    """Per result, in order: the canonical key its call event logged (None for a rejected call)."""
+    last: dict[tuple[int, str], str | None] = {}
+    out: list[str | None] = []
+    for e in log.events:
+        if isinstance(e, CallEvent):
+            last[(e.step, e.tool_call_id)] = e.key
+        elif isinstance(e, ResultEvent):
+            out.append(last.get((e.step, e.tool_call_id)))
     return out
 
 

@@ -10,7 +10,9 @@ workspace, so a result that differs from the recorded one (an unrecorded side ef
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -137,6 +139,27 @@ def _workspace_tools(log: RunLogFile) -> tuple[str, list[Tool]]:
         raise LogError(log.path, log.header.line, f"--execute-tools needs the recorded workspace, and "
                        f"{ws or 'no workspace'} is not a folder here")
     workdir = tempfile.mkdtemp(prefix="loopfence-replay-")
-    copy = Path(workdir) / "workspace"
-    shutil.copytree(ws, copy, symlinks=True)
-    return workdir, workspace_tools_of(log.header, log.path, str(copy))
+    try:
+        copy = Path(workdir) / "workspace"
+        shutil.copytree(ws, copy, symlinks=True, copy_function=_copy_entry)
+        return workdir, workspace_tools_of(log.header, log.path, str(copy))
+    except BaseException as exc:  # no copy left behind, whatever failed
+        shutil.rmtree(workdir, ignore_errors=True)
+        if not isinstance(exc, OSError):  # shutil.Error (the entries it could not copy) is one
+            raise
+        errors = exc.args[0] if isinstance(exc, shutil.Error) and exc.args else None
+        why = errors[0][-1] if isinstance(errors, list) and errors else exc
+        raise LogError(log.path, log.header.line, f"--execute-tools cannot copy the workspace {ws}: "
+                       f"{why}") from None
+
+
+def _copy_entry(src: str, dst: str) -> None:
+    """A regular file is copied; a FIFO is made again (the tools refuse it as they did); any other
+    special file (socket, device) cannot be copied."""
+    mode = os.lstat(src).st_mode
+    if stat.S_ISFIFO(mode):
+        os.mkfifo(dst, stat.S_IMODE(mode))
+    elif stat.S_ISREG(mode):
+        shutil.copy2(src, dst)
+    else:
+        raise OSError(f"{src} is a special file (socket or device) and cannot be copied")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +10,7 @@ from typing import Any
 from .._contract import check_reply, requested_max_tokens
 from .._limits import Limits
 from .._messages import Reply
+from .._repeats import CycleTrail, RepeatCounts, Streak, outcome_fingerprint
 from .._stops import StopReason
 from ..tools._registry import Registry, ToolKind
 from ._events import ResultEvent, StopEvent
@@ -30,6 +31,9 @@ class StopFacts:
     completion_used: int = 0
     kinds: dict[str, ToolKind] = field(default_factory=dict)
     last_kind: str | None = None  # the event kind just before the stop (bookkeeping aside)
+    steps: list[int] = field(default_factory=list)  # per reply: its step (parallel to turns and keys)
+    result_keys: list[str | None] = field(default_factory=list)  # per result: its call's canonical key
+    repeat_scope: str = "change"  # the header's Policy.repeat_scope
 
     def data(self, name: str) -> Any:
         return self.stop.data.get(name)
@@ -82,27 +86,63 @@ def _wall(f: StopFacts) -> tuple[bool, str]:
 
 
 def _repeated_call(f: StopFacts) -> tuple[bool, str]:
+    """Folds the log through the live rule (RepeatCounts): each reply's keys, then the side-effecting
+    calls it executed; the call the stop names must have reached max_repeats in the last reply."""
     ok, why = f.names_limit(f.limits.max_repeats)
-    asked = Counter(k for keys in f.keys for k in keys if not _is_poll(f, k))
+    executed: dict[int, list[str]] = defaultdict(list)
+    for r, key in zip(f.results, f.result_keys):
+        if r.decision == "executed" and key is not None and f.kinds.get(r.name) is ToolKind.SIDE_EFFECT:
+            executed[r.step].append(key)
+    counts = RepeatCounts(f.repeat_scope)
+    for step, keys in zip(f.steps or range(1, len(f.keys) + 1), f.keys):
+        counts.asked(k for k in keys if not _is_poll(f, k))
+        for key in executed.get(step, ()):
+            counts.changed(key)
     last = f.keys[-1] if f.keys else set()
-    hits = [k for k in last if asked[k] >= (f.limits.max_repeats or 0) and asked[k] == f.data("value")]
-    return (ok and bool(hits)), why or (f"{hits[0]} asked in {asked[hits[0]]} replies, max_repeats="
-                                         f"{f.limits.max_repeats}" if hits else
-                                         f"no call of the last reply was asked {f.data('value')} times")
+    named = f.data("key")
+    candidates = [named] if isinstance(named, str) else sorted(last)
+    hits = [k for k in candidates if k in last and not _is_poll(f, k)
+            and counts[k] >= (f.limits.max_repeats or 0) and counts[k] == f.data("value")]
+    return (ok and bool(hits)), why or (f"{hits[0]} asked in {counts[hits[0]]} replies (repeat_scope="
+                                         f"{f.repeat_scope}), max_repeats={f.limits.max_repeats}" if hits else
+                                         f"no call of the last reply was asked {f.data('value')} times "
+                                         f"(repeat_scope={f.repeat_scope})")
 
 
 def _is_poll(f: StopFacts, key: str) -> bool:
     return f.kinds.get(key.split(":", 1)[0]) is ToolKind.POLL
 
 
+def _trail(f: StopFacts) -> list[tuple[str, str]]:
+    """The executed, non-poll results in order as (key, outcome fingerprint): what the rules see."""
+    return [(key or r.name, outcome_fingerprint(r.content)) for r, key in zip(f.results, f.result_keys)
+            if r.decision == "executed" and f.kinds.get(r.name) is not ToolKind.POLL]
+
+
 def _repeated_result(f: StopFacts) -> tuple[bool, str]:
+    if f.data("cycle") is not None:
+        return _cycle(f)
     ok, why = f.names_limit(f.limits.max_identical_results)
-    executed = [r for r in f.results if r.decision == "executed" and f.kinds.get(r.name) is not ToolKind.POLL]
     n, fp = f.data("value"), f.data("fingerprint")
-    tail = executed[-n:] if isinstance(n, int) and n > 0 else []
-    good = ok and len(tail) == n and all(r.fingerprint == fp for r in tail) and \
+    streak = Streak()
+    for _, out in _trail(f):
+        streak.add(out)
+    good = ok and isinstance(n, int) and streak.length == n and streak.last == fp and \
         n > (f.limits.max_identical_results or 0)
     return good, why or f"last {n} executed results share fingerprint {fp}: {good}"
+
+
+def _cycle(f: StopFacts) -> tuple[bool, str]:
+    ok, why = f.names_limit(f.limits.max_cycle_repeats)
+    trail = CycleTrail(f.limits.max_cycle_repeats or 2)
+    block = None
+    for key, out in _trail(f):
+        block = trail.add(key, out)
+    named = f.data("cycle")
+    good = ok and block is not None and [k for k, _ in block] == named and f.data("period") == len(block)
+    return good, why or (f"the last executed calls repeat a block of {len(block)} "
+                         f"{f.limits.max_cycle_repeats} times: {good}" if block else
+                         "the last executed calls do not repeat a block of 2 or 3")
 
 
 def _no_progress(f: StopFacts) -> tuple[bool, str]:

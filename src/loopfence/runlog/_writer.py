@@ -1,25 +1,37 @@
 """The JSONL run log: one event per line, flushed as it happens.
 
-A killed process leaves a log readable up to its last complete line. Event kinds (field "event"):
+A killed process leaves a log readable up to its last complete line; so does a write that fails
+(a full disk): `LogWriteError` then stops the run, and every later write refuses. Event kinds (field "event"):
 header, request, reply, call, result, gate, resume, stop. Every event carries `seq` (0-based line number)
 and `t` (seconds since the run started, monotonic).
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["RunLog", "FORMAT", "VERSION", "EVENT_KINDS"]
+from .._json import dumps
+
+__all__ = ["RunLog", "LogWriteError", "FORMAT", "VERSION", "EVENT_KINDS"]
 
 FORMAT = "loopfence.runlog"
 VERSION = 1
-_LINE = json.JSONEncoder(ensure_ascii=False, default=str)  # built once: json.dumps builds one per call
 EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume", "stop")
+
+
+class LogWriteError(OSError):
+    """The run log could not be written (a full disk, /dev/full): the run cannot go on unlogged."""
+
+    def __init__(self, path: str, lines: int, why: str) -> None:
+        tail = f"; its first {lines} lines are complete: `loopfence resume {path}` continues the run " \
+            "once the log can be written" if lines else ""
+        super().__init__(f"cannot write the run log {path}: {why}; the run was stopped{tail}")
+        self.path, self.lines = path, lines
 
 
 class RunLog:
@@ -34,23 +46,39 @@ class RunLog:
         self._t0 = time.monotonic() if t0 is None else t0
         self._seq = seq
         self.listener = listener
-        self._fh: IO[str] | None = None
+        self._fh: IO[bytes] | None = None
+        self._broken: LogWriteError | None = None  # a write failed: every later write refuses
         if self.path is not None:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
+            self._fh = open(self.path, "ab" if append else "wb", buffering=0)  # noqa: SIM115
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"event": event, "seq": self._seq, "t": round(time.monotonic() - self._t0, 6),
                   **fields}
         self._seq += 1
         if self._fh is not None:
-            self._fh.write(_LINE.encode(record) + "\n")
-            self._fh.flush()
+            self._put((dumps(record) + "\n").encode("utf-8"))
         if self.keep:
             self.events.append(record)
         if self.listener is not None:
             self.listener(record)
         return record
+
+    def _put(self, data: bytes) -> None:
+        """The whole line or LogWriteError (unbuffered: nothing is left to fail later at close)."""
+        assert self._fh is not None and self.path is not None
+        if self._broken is not None:
+            raise self._broken
+        view = memoryview(data)
+        try:
+            while view:
+                n = self._fh.write(view)
+                if not n:
+                    raise OSError(errno.EIO, "nothing was written")
+                view = view[n:]
+        except OSError as exc:  # the lines before this one are complete
+            self._broken = LogWriteError(self.path, self._seq - 1, exc.strerror or str(exc))
+            raise self._broken from None
 
     def close(self) -> None:
         if self._fh is not None:

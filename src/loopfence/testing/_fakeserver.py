@@ -58,6 +58,7 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .._json import loads
 from ._replyforms import FAULTS, FormError, Plan, load_forms, overflow_body, render, response_to_chunks, validate_form
 
 __all__ = ["FakeServer", "FAULTS", "FormError", "load_forms", "overflow_body", "response_to_chunks",
@@ -157,7 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._not_found()
             return
         try:
-            body = json.loads(raw)
+            body = loads(raw)
         except ValueError:
             body = {"_unparseable": raw.decode("utf-8", "replace")}
         headers = {k.lower(): v for k, v in self.headers.items()}

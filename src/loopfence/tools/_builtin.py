@@ -22,6 +22,7 @@ from typing import Any
 from ._executor import DEFAULT_RESULT_CAP
 from ._files import FileOptions, FileTools
 from ._pathguard import Jail
+from ._provenance import Provenance
 from ._registry import Tool, tool
 from ._shell import CommandLimits, Shell
 
@@ -32,16 +33,23 @@ BUILTIN_NAMES = ("read_file", "list_dir", "write_file", "apply_patch", "run_comm
 
 
 def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, sandbox: bool = True,
-                    untrusted_globs: Iterable[str] | None = None, page_chars: int = PAGE_CHARS,
+                    untrusted_globs: Iterable[str] | None = None, trust_globs: Iterable[str] | None = None,
+                    page_chars: int = PAGE_CHARS,
                     result_cap: int | None = DEFAULT_RESULT_CAP, command_limits: CommandLimits | None = None,
-                    max_command_timeout_s: float = 300.0, hide_env: Iterable[str] = ()) -> list[Tool]:
+                    max_command_timeout_s: float = 300.0, hide_env: Iterable[str] = (),
+                    allow_hardlinks: bool = False) -> list[Tool]:
     """The built-in tools bound to one workspace folder (all of them, or those in `names`).
 
     sandbox: run_command inside bubblewrap (default); False is the explicit, logged opt-out.
     untrusted_globs: workspace-relative posix globs (fnmatch; `**/` may match no folder) whose files
-      read_file returns as untrusted content; HTML pages are always untrusted.
+      read_file returns as untrusted content, and whose text taints a result of any tool.
+    trust_globs: the mirror: HTML that was in the workspace at the start is untrusted unless one of
+      these matches it (files the run makes itself carry the trust of what made them; see
+      tools/_provenance).
     page_chars: read_file page size. result_cap: the executor's result cap; run_command gives each of
       stdout and stderr 3/8 of it so the whole result fits.
+    allow_hardlinks: read_file/apply_patch read files with more than one hard link (by default they
+      refuse: a hard link made before the run can name a file outside the workspace).
     hide_env: environment variables an unsandboxed run_command does not get, besides OPENAI_API_KEY
       and LOOPFENCE_API_KEY (the sandbox passes none); their values are also masked in its output.
     """
@@ -49,8 +57,10 @@ def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, san
     unknown = sorted(set(wanted) - set(BUILTIN_NAMES))
     if unknown:
         raise ValueError(f"unknown built-in tool(s) {unknown}; the built-ins are {list(BUILTIN_NAMES)}")
-    jail = Jail(root)
-    files = FileTools(jail, FileOptions(page_chars=page_chars, untrusted_globs=tuple(untrusted_globs or ())))
+    jail = Jail(root, allow_hardlinks=allow_hardlinks)
+    untrusted = tuple(untrusted_globs or ())
+    provenance = Provenance(jail.root, untrusted, tuple(trust_globs or ()))
+    files = FileTools(jail, FileOptions(page_chars=page_chars, untrusted_globs=untrusted), provenance)
     stream_chars = max((result_cap or 16_000) * 3 // 8, 200)
     shell = Shell(jail.root, sandbox=sandbox, limits=command_limits, output_chars=stream_chars,
                   max_timeout_s=max_command_timeout_s, hide_env=hide_env)
@@ -90,4 +100,4 @@ def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, san
         "run_command": lambda: replace(tool(run_command, kind="side_effect", privileged=True,
                                             description=run_doc, self_timed=True), info=shell.bounds()),
     }
-    return [made[name]() for name in BUILTIN_NAMES if name in wanted]
+    return [replace(made[name](), provenance=provenance) for name in BUILTIN_NAMES if name in wanted]

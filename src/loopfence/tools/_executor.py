@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .._driver import Slot, take_slot
-from .._json import canonical_json, fingerprint
+from .._json import canonical_json, fingerprint, loggable
 from ._registry import Tool, ToolKind
 
 __all__ = ["ToolResult", "ToolOutput", "Executor", "ResultCache", "error_result", "refusal",
@@ -71,7 +71,7 @@ def refusal(error: str, **fields: Any) -> ToolResult:
 def error_result(error: str, decision: str = "executed", **fields: Any) -> ToolResult:
     """A structured failure the model can act on."""
     body = {"ok": False, "error": error, **fields}
-    return ToolResult(json.dumps(body, ensure_ascii=False), False, decision, error=error)
+    return ToolResult(loggable(json.dumps(body, ensure_ascii=False)), False, decision, error=error)
 
 
 def _render(value: Any) -> tuple[str, bool, str | None]:
@@ -133,7 +133,7 @@ class Executor:
                 value, untrusted = value.value, t.untrusted or value.untrusted
             violation = _check_result(t, value)
             content, ok, error = _render(value)
-            return ToolResult(cap_text(content, self.result_cap), ok, "executed", duration, error,
+            return ToolResult(loggable(cap_text(content, self.result_cap)), ok, "executed", duration, error,
                               violation, untrusted)
         return replace(res, duration_s=duration, untrusted=t.untrusted)
 

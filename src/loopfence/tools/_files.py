@@ -7,16 +7,19 @@ the model can act on. Nothing here raises for a bad path, a missing file or a ba
 from __future__ import annotations
 
 import codecs
-import fnmatch
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from ._executor import ToolOutput
 from ._html import html_to_text, looks_like_html
 from ._patch import DEV_NULL, FilePatch, PatchError, apply_file_patch, parse_patch
-from ._pathguard import Jail, Located, Refusal
+from ._pathguard import HardLinked, Jail, Located, Refusal
+from ._provenance import Provenance, glob_match
 
 __all__ = ["FileTools", "FileOptions"]
+
+_HARDLINK_HINT = "only the user can allow hard-linked files; do not retry"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,18 +32,16 @@ class FileOptions:
 
 
 class FileTools:
-    def __init__(self, jail: Jail, options: FileOptions) -> None:
+    def __init__(self, jail: Jail, options: FileOptions, provenance: Provenance | None = None) -> None:
         if options.page_chars < 1:
             raise ValueError("page_chars must be at least 1")
         self.jail = jail
         self.opt = options
+        self.provenance = provenance or Provenance(jail.root, options.untrusted_globs)
 
     def untrusted(self, rel: str) -> bool:
         """Workspace-relative posix path against the untrusted globs (`**` may also match nothing)."""
-        for pat in self.opt.untrusted_globs:
-            if fnmatch.fnmatchcase(rel, pat) or (pat.startswith("**/") and fnmatch.fnmatchcase(rel, pat[3:])):
-                return True
-        return False
+        return glob_match(rel, self.opt.untrusted_globs) is not None
 
     # ------------------------------------------------------------------ read_file
     def read_file(self, path: str, page: int, encoding: str) -> Any:
@@ -53,6 +54,8 @@ class FileTools:
             return _fail("invalid_value", path, f"unknown encoding {encoding!r}", hint="use encoding=\"utf-8\"")
         try:
             data = self.jail.read_bytes(loc, self.opt.max_read_bytes)
+        except HardLinked as exc:
+            return _fail("hardlinked_file", path, str(exc), hint=_HARDLINK_HINT)
         except ValueError as exc:
             return _fail("file_too_large", path, str(exc))
         except OSError as exc:
@@ -64,10 +67,22 @@ class FileTools:
                          hint="if it is text, try encoding=\"latin-1\"")
         if "\x00" in text and codecs.lookup(encoding).name in ("utf-8", "ascii", "latin-1", "iso8859-1"):
             return _fail("binary_file", path, f"{loc.rel} is binary ({len(data):,} bytes), not text")
-        html = looks_like_html(loc.name, text)
-        if html:
+        untrusted = self._distrust(loc, text)
+        if looks_like_html(loc.name, text):
             text = html_to_text(text).render()
-        return self._page(path, loc, text, page, untrusted=html or self.untrusted(loc.rel))
+        return self._page(path, loc, text, page, untrusted=untrusted)
+
+    def _distrust(self, loc: Located, text: str) -> bool:
+        """Is this file's text untrusted? By provenance (see _provenance); its raw text is then
+        fingerprinted, so the same text through another tool taints too."""
+        try:
+            st: os.stat_result | None = os.stat(self.jail.root / loc.rel, follow_symlinks=False)
+        except OSError:
+            st = None
+        if self.provenance.file_untrusted(loc.rel, st, text) is None:
+            return False
+        self.provenance.add_source(loc.rel, text)
+        return True
 
     def _page(self, path: str, loc: Located, text: str, page: int, untrusted: bool) -> Any:
         size = self.opt.page_chars
@@ -158,6 +173,8 @@ class FileTools:
             return None
         try:
             return self.jail.read_bytes(loc, self.opt.max_read_bytes).decode("utf-8")
+        except HardLinked as exc:
+            return PatchError("hardlinked_file", str(exc), {"path": path, "hint": _HARDLINK_HINT}).to_dict()
         except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
             return PatchError("io_error", f"cannot read {loc.rel} as UTF-8 text: {exc}",
                               {"path": path}).to_dict()
@@ -189,7 +206,7 @@ class FileTools:
             except FileNotFoundError:
                 pass
         else:
-            self.jail.write_bytes(loc, text.encode("utf-8"))
+            self.jail.write_bytes(loc, text.encode("utf-8", "surrogatepass"))
 
     # ------------------------------------------------------------------ shared
     def _existing(self, path: str, want: str) -> Located | dict[str, Any]:

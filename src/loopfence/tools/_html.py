@@ -1,18 +1,30 @@
-"""HTML -> readable text with the standard library: scripts, styles and markup dropped; the title and
-the links kept; the original size noted. Real pages are mostly inline CSS and scripts (seed 003:
-144 KB of HTML, about 6 KB of text); the model should get the text, not the markup.
+"""HTML -> readable text: scripts, styles and markup dropped; the title and the links kept; the
+original size noted. Real pages are mostly inline CSS and scripts (seed 003: 144 KB of HTML, about
+6 KB of text); the model should get the text, not the markup.
+
+Parsing is libxml2's HTML parser (lxml): linear on hostile pages (`"<a" * 100000` takes a
+millisecond; the standard library's parser took seconds, quadratically), nesting capped by libxml2,
+and at most MAX_HTML_CHARS of a page are converted. The tree is walked without recursion.
+
+`looks_like_html` sniffs pages saved under other names: a doctype, an `<html>` root, XHTML, or a
+fragment that starts with a document-level tag (`<head>`, `<body>`, `<meta>`...), after any BOM,
+whitespace, XML declaration and comments. Markdown or text that mentions tags is not HTML.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from html.parser import HTMLParser
+from typing import Any
 
-__all__ = ["HtmlText", "html_to_text", "looks_like_html", "HTML_SUFFIXES"]
+from lxml import etree
+
+__all__ = ["HtmlText", "html_to_text", "looks_like_html", "HTML_SUFFIXES", "MAX_HTML_CHARS"]
 
 HTML_SUFFIXES = (".html", ".htm", ".xhtml", ".shtml")
 MAX_LINKS = 200
+MAX_HTML_CHARS = 4_000_000  # of a page converted; the rest is left out, and the note says so
+_SNIFF_LEAD = 1 << 20  # BOM, whitespace, XML declaration and comments skipped before the first tag
 
 _SKIP = {"script", "style", "noscript", "template", "svg", "math", "iframe", "object", "canvas", "head"}
 _BLOCK = {"address", "article", "aside", "blockquote", "body", "br", "dd", "details", "div", "dl", "dt",
@@ -21,7 +33,11 @@ _BLOCK = {"address", "article", "aside", "blockquote", "body", "br", "dd", "deta
           "th", "tr", "ul"}
 _LINE = {"br", "dd", "dt", "li", "tr"}  # a line break before; no blank line after
 _SPACE = re.compile(r"[ \t\n\r\f\v]+")  # ASCII whitespace only: a no-break space stays
-_SNIFF = re.compile(r"^\s*(<\?xml[^>]*>\s*)?(<!--.*?-->\s*)*<(!doctype\s+html|html[\s>])", re.I | re.S)
+_TAG = re.compile(r"<[^>]*>")
+_LEAD = re.compile(r"[\s\ufeff]*(?:<\?xml[^>]*>|<!--)?", re.I)
+_START = re.compile(r"<(?:!doctype\s+html|(?:html|head|body|meta|title|base|link)(?=[\s/>])|"
+                    r"[a-z][^>]*\sxmlns\s*=\s*[\"']http://www\.w3\.org/1999/xhtml[\"'])", re.I)
+_PARSER = etree.HTMLParser(encoding="utf-8", remove_comments=True, remove_pis=True, no_network=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +46,7 @@ class HtmlText:
     text: str
     links: tuple[str, ...]
     html_chars: int
+    converted_chars: int | None = None  # set when only the first this many characters were converted
 
     def render(self) -> str:
         """Title, a note on what was dropped, the body text, then the numbered links."""
@@ -42,43 +59,81 @@ class HtmlText:
             if len(self.links) > MAX_LINKS:
                 tail += f"\n[truncated: {len(self.links):,} links, showing the first {MAX_LINKS:,}]"
         size = len(body) + len(tail)
-        head.append(f"[HTML page converted to text: {self.html_chars:,} characters of HTML -> {size:,} "
-                    "characters of text; scripts, styles and markup removed]")
+        part = f" (only the first {self.converted_chars:,} were converted)" if self.converted_chars else ""
+        head.append(f"[HTML page converted to text: {self.html_chars:,} characters of HTML{part} -> "
+                    f"{size:,} characters of text; scripts, styles and markup removed]")
         return "\n".join(head) + "\n\n" + body + tail
 
 
 def looks_like_html(name: str, text: str) -> bool:
-    return name.lower().endswith(HTML_SUFFIXES) or bool(_SNIFF.match(text[:2048]))
+    return name.lower().endswith(HTML_SUFFIXES) or _sniff(text)
 
 
-def html_to_text(html: str) -> HtmlText:
-    parser = _Reader()
-    parser.feed(html)
-    parser.close()
-    return HtmlText(" ".join(parser.title.split()), _tidy("".join(parser.out)), tuple(parser.links), len(html))
+def _sniff(text: str) -> bool:
+    pos = 0
+    while pos <= _SNIFF_LEAD:
+        m = _LEAD.match(text, pos)
+        assert m is not None  # the pattern matches the empty string
+        if m.group().endswith("<!--"):
+            end = text.find("-->", m.end())
+            if end < 0:
+                return False
+            pos = end + 3
+        elif m.end() > pos:
+            pos = m.end()
+        else:
+            return bool(_START.match(text, pos))
+    return False
 
 
-class _Reader(HTMLParser):
+def html_to_text(html: str, limit: int = MAX_HTML_CHARS) -> HtmlText:
+    page = html[:limit]
+    data = page.replace("\x00", "").encode("utf-8", "replace")
+    try:
+        root = etree.fromstring(data, _PARSER)
+    except (etree.LxmlError, ValueError):  # libxml2 gave up: the text without the tags
+        root = None
+        reader = _Reader()
+        reader.data(_TAG.sub(" ", page))
+    else:
+        reader = _Reader()
+        if root is not None:
+            reader.walk(root)
+    return HtmlText(" ".join(reader.title.split()), _tidy("".join(reader.out)), tuple(reader.links),
+                    len(html), limit if len(html) > limit else None)
+
+
+class _Reader:
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
         self.out: list[str] = []
         self.title = ""
-        self.links: list[str] = []
-        self._skip: list[str] = []  # open tags whose content is dropped
-        self._in_title = False
+        self.links: dict[str, int] = {}  # href -> its number (a dict: thousands of links stay linear)
         self._pre = 0
         self._href: str | None = None
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "title" and self._skip in ([], ["head"]):
-            self._in_title = True
-            return
-        if tag == "body":
-            self._skip.clear()  # a <head> left open ends where the body starts
-        if self._skip or tag in _SKIP:
-            if tag in _SKIP:
-                self._skip.append(tag)
-            return
+    def walk(self, root: Any) -> None:
+        """Depth first without recursion: (element, False) opens it, (element, True) closes it."""
+        todo: list[tuple[Any, bool]] = [(root, False)]
+        while todo:
+            el, closing = todo.pop()
+            tag = el.tag.lower() if isinstance(el.tag, str) else None
+            if closing:
+                self.close(tag or "")
+            elif tag is not None and self.open(el, tag):
+                self.data(el.text)
+                todo.append((el, True))
+                todo.extend((child, False) for child in reversed(el))
+                continue
+            self.data(el.tail)
+
+    def open(self, el: Any, tag: str) -> bool:
+        """Emit what starts `el`; False when its content is dropped (scripts, the head...)."""
+        if tag == "title" or tag == "head":
+            titles = [el] if tag == "title" else el.iter("title")
+            self.title += "".join("".join(t.itertext()) for t in titles)
+            return False
+        if tag in _SKIP:
+            return False
         if tag in _BLOCK:
             self.out.append("\n")
         if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
@@ -90,38 +145,28 @@ class _Reader(HTMLParser):
         elif tag in ("td", "th"):
             self.out.append(" | ")
         elif tag == "a":
-            href = dict(attrs).get("href") or ""
+            href = el.get("href") or ""
             keep = href and not href.startswith(("#", "javascript:", "data:"))
             self._href = href.strip() if keep else None
         elif tag == "img":
-            alt = (dict(attrs).get("alt") or "").strip()
+            alt = (el.get("alt") or "").strip()
             if alt:
                 self.out.append(f" [image: {alt}] ")
+        return True
 
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "title" and self._in_title:
-            self._in_title = False
-            return
-        if self._skip:
-            if tag in self._skip:
-                while self._skip and self._skip.pop() != tag:
-                    pass
-            return
+    def close(self, tag: str) -> None:
         if tag == "a" and self._href is not None:
-            if self._href not in self.links:
-                self.links.append(self._href)
-            self.out.append(f" [{self.links.index(self._href) + 1}]")
+            number = self.links.setdefault(self._href, len(self.links) + 1)
+            self.out.append(f" [{number}]")
             self._href = None
         elif tag == "pre":
             self._pre = max(0, self._pre - 1)
         if tag in _BLOCK and tag not in _LINE:
             self.out.append("\n")
 
-    def handle_data(self, data: str) -> None:
-        if self._in_title:
-            self.title += data
-        elif not self._skip:
-            self.out.append(data if self._pre else _SPACE.sub(" ", data))
+    def data(self, text: str | None) -> None:
+        if text:
+            self.out.append(text if self._pre else _SPACE.sub(" ", text))
 
 
 def _tidy(text: str) -> str:

@@ -7,7 +7,9 @@ outside it, symlinks that lead outside it, and device/special files (FIFO, socke
 
 The I/O helpers then open the *canonical* path (no symlinks left in it) component by component
 from a descriptor on the root with O_NOFOLLOW, so a symlink swapped in between the check and the
-open is refused by the kernel instead of followed: the check and the use cannot disagree.
+open is refused by the kernel instead of followed: the check and the use cannot disagree. A file
+with more than one hard link is not read (another name for it may be outside the root) unless the
+jail allows hard links; a file written never keeps a setuid, setgid or sticky bit.
 """
 
 from __future__ import annotations
@@ -23,15 +25,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Jail", "Located", "Refusal", "Entry", "NotRegularFile", "MAX_SYMLINK_HOPS"]
+__all__ = ["Jail", "Located", "Refusal", "Entry", "NotRegularFile", "HardLinked", "MAX_SYMLINK_HOPS"]
 
 MAX_SYMLINK_HOPS = 40
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SIMILAR_SCAN = 5_000  # at most this many workspace paths are compared for "similar"
+_SIMILAR_DEPTH = 32  # ...from folders at most this deep
+_MODE_BITS = 0o777  # what a written file keeps of the mode it replaces: never setuid/setgid/sticky
 
 
 class NotRegularFile(OSError):
     """The path changed kind (to a folder, FIFO, device...) between the check and the open."""
+
+
+class HardLinked(Exception):
+    """A regular file with more than one hard link: another name for it may be outside the
+    workspace, so it is not read unless the jail allows hard links."""
+
+    def __init__(self, rel: str, links: int) -> None:
+        super().__init__(f"{rel} has {links} hard links: the same file may also be outside the "
+                         "workspace, so it is not read. To allow hard-linked files: "
+                         "workspace_tools(..., allow_hardlinks=True) or `loopfence run --allow-hardlinks`")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +88,14 @@ class Entry:
 class Jail:
     """One workspace root. All paths the model gives are interpreted relative to it."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, allow_hardlinks: bool = False) -> None:
         given = os.path.abspath(os.fspath(root))
         real = os.path.realpath(given)
         if not os.path.isdir(real):
             raise ValueError(f"workspace root {given!r} is not a folder")
         self.root = Path(real)
         self._prefixes = tuple(dict.fromkeys([real, given]))  # absolute spellings of the root
+        self.allow_hardlinks = allow_hardlinks
 
     # ---------------------------------------------------------------- the check
     def locate(self, path: Any) -> Located | Refusal:
@@ -93,6 +108,11 @@ class Jail:
             return Refusal("invalid_path", path, "the path contains a NUL byte")
         if "\\" in path:
             return Refusal("invalid_path", path, "backslashes are not path separators here; use \"/\"")
+        try:
+            os.fsencode(path)
+        except UnicodeEncodeError as exc:
+            return Refusal("invalid_path", path, f"the path is not valid text (character {exc.start} is "
+                           f"a lone surrogate {path[exc.start]!r})")
         if path.startswith("/"):
             rest = self._strip_root(path)
             if rest is None:
@@ -187,16 +207,26 @@ class Jail:
         return [cand for _, cand in sorted(scored)[:n]]
 
     def _inventory(self) -> Iterator[tuple[str, str]]:
+        """(relative path, dir | file) breadth first, without recursion: at most _SIMILAR_SCAN
+        entries from folders at most _SIMILAR_DEPTH deep; an unreadable folder is skipped."""
         seen = 0
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
-            dirnames.sort()
-            rel_dir = os.path.relpath(dirpath, self.root)
-            for names, kind in ((dirnames, "dir"), (sorted(filenames), "file")):
-                for name in names:
-                    seen += 1
-                    if seen > _SIMILAR_SCAN:
-                        return
-                    yield (name if rel_dir == "." else f"{rel_dir}/{name}"), kind
+        todo: deque[tuple[str, ...]] = deque([()])
+        while todo:
+            parts = todo.popleft()
+            try:
+                with os.scandir(self.root.joinpath(*parts)) as it:
+                    found = sorted((e.name, _entry_kind(e)) for e in it)
+            except OSError:
+                continue
+            for name, kind in found:
+                if kind not in ("dir", "file"):
+                    continue
+                seen += 1
+                if seen > _SIMILAR_SCAN:
+                    return
+                yield "/".join([*parts, name]), kind
+                if kind == "dir" and len(parts) + 1 < _SIMILAR_DEPTH:
+                    todo.append((*parts, name))
 
     # ---------------------------------------------------------------- race-free I/O
     @contextmanager
@@ -225,6 +255,8 @@ class Jail:
                 st = os.fstat(fh.fileno())
                 if not stat.S_ISREG(st.st_mode):
                     raise NotRegularFile(f"{loc.rel} is not a regular file")
+                if st.st_nlink > 1 and not self.allow_hardlinks:
+                    raise HardLinked(loc.rel, st.st_nlink)
                 if st.st_size > limit:
                     raise ValueError(f"{loc.rel} is {st.st_size:,} bytes, over the {limit:,}-byte limit")
                 return fh.read(limit + 1)
@@ -237,7 +269,7 @@ class Jail:
                 st = os.stat(loc.name, dir_fd=dfd, follow_symlinks=False)
                 if not stat.S_ISREG(st.st_mode):
                     raise NotRegularFile(f"{loc.rel} exists and is not a regular file")
-                created, mode = False, stat.S_IMODE(st.st_mode)
+                created, mode = False, st.st_mode & _MODE_BITS
             except FileNotFoundError:
                 pass
             tmp = f".{loc.name}.{uuid.uuid4().hex[:12]}.loopfence-tmp"
@@ -267,11 +299,17 @@ class Jail:
             out = []
             with os.scandir(dfd) as it:
                 for e in it:
-                    mode = e.stat(follow_symlinks=False).st_mode
-                    kind = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else \
-                        "symlink" if stat.S_ISLNK(mode) else "special"
-                    out.append(Entry(e.name, kind))
+                    out.append(Entry(e.name, _entry_kind(e)))
         return sorted(out, key=lambda e: e.name)
+
+
+def _entry_kind(e: os.DirEntry[str]) -> str:
+    try:
+        mode = e.stat(follow_symlinks=False).st_mode
+    except OSError:
+        return "special"
+    return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else \
+        "symlink" if stat.S_ISLNK(mode) else "special"
 
 
 def _outside(path: str, why: str) -> Refusal:

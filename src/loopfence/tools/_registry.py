@@ -57,6 +57,7 @@ class Tool:
     args_model: type[BaseModel] | None = field(default=None, repr=False)
     self_timed: bool = False  # stops its own work by `time_left()`; the executor waits a grace past it
     info: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # for the log header
+    provenance: Any = field(default=None, repr=False, compare=False)  # the workspace's, for the gate
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools[]` entry."""

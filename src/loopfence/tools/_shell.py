@@ -6,11 +6,17 @@ Containment, outside in:
 - its own session and process group (SIGTERM to the group at the timeout, SIGKILL after a grace);
 - a sweep of every process that carries this command's marker in its environment (catches
   `setsid` double-forks that left the group, when they kept their environment);
+- a cgroup per command where the machine lets us make one (tools/_cgroup): a process count and a
+  memory ceiling for the whole tree, and every member found and killed at the end, `setsid env -i`
+  escapees included (sandboxed or not);
 - with the sandbox (the default): bubblewrap with its own PID namespace and `--die-with-parent`.
   When the sandbox's init dies the kernel kills every process in the namespace, whatever it did
   with sessions or its environment; that is the robust part. The sandbox also has no network
   (`--unshare-net`), no capabilities, the system folders read-only, a private scratch /tmp that is
-  discarded at exit, and the workspace as the only writable host folder.
+  discarded at exit, and the workspace as the only writable host folder; the command never runs as
+  root on the host (tools/_sandbox, tools/_launch) and cannot set a setuid bit (tools/_seccomp).
+Unsandboxed commands get the environment less SECRET_ENV and `hide_env`; those values are masked in
+any output either way.
 
 If the sandbox is required but bubblewrap is missing or cannot start, the command does not run: the
 result is a structured `sandbox_unavailable` error (fail closed). `sandbox=False` is the explicit
@@ -32,14 +38,14 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Iterator
 
+from ._cgroup import TreeCgroup
 from ._executor import time_left
 from ._reap import MARKER_ENV, exited, kill_tree
-from ._cgroup import TreeCgroup
 from ._sandbox import SandboxPlan, plan
 from ._seccomp import program
 

@@ -1,0 +1,150 @@
+"""The repetition rules, written once: the guards apply them live, reconcile folds a log through them.
+
+- **A repeat is the same call with nothing changed in between.** `RepeatCounts` counts the model
+  replies asking for each canonical call; a call's count restarts whenever another call changes the
+  world (an executed side-effecting call with a different key: the same notion that clears the
+  read-only cache). After an edit, the same read or the same test is a new question. Scope "run"
+  (`Policy(repeat_scope="run")`) counts over the whole run instead.
+- **Identical results in a row, whatever the call** (`Streak`): empty success outputs of setup
+  commands reach streaks of 3 to 6 in real successful runs, so the default allows 5.
+- **Cycles are caught by what they return** (`CycleTrail`): over the executed calls as (canonical
+  key, result fingerprint), a block of 2 or 3 that comes back `times` times in a row with identical
+  results ("the same edit, then the same failing test, forever").
+
+Results are compared by `outcome_fingerprint`: the result's fingerprint without what differs between
+two identical outcomes (the shell's `duration_s`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Literal
+
+from ._json import canonical_json, fingerprint, loads_object
+
+__all__ = ["RepeatScope", "RepeatCounts", "Streak", "CycleTrail", "CYCLE_PERIODS", "outcome_fingerprint",
+           "call_label", "describe_cycle"]
+
+RepeatScope = Literal["change", "run"]
+CYCLE_PERIODS = (2, 3)  # a period of 1 is the same call again: repeated_call and the streak see it
+_VOLATILE = "duration_s"
+_LABEL_ARGS = ("path", "command", "cmd", "file", "filename", "url", "query", "name")
+_LABEL_CHARS = 40
+
+
+class RepeatCounts:
+    """Model replies asking for each canonical call, since the world last changed (scope "change")
+    or since the run began (scope "run")."""
+
+    __slots__ = ("scope", "counts")
+
+    def __init__(self, scope: str = "change") -> None:
+        if scope not in ("change", "run"):
+            raise ValueError(f"repeat scope must be 'change' or 'run', got {scope!r}")
+        self.scope = scope
+        self.counts: dict[str, int] = {}
+
+    def asked(self, keys: Iterable[str]) -> None:
+        """One model reply's keys (a call asked twice in one reply counts once: pass a set)."""
+        counts = self.counts
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+
+    def changed(self, key: str) -> None:
+        """A side-effecting call with this key was executed: every other call's count restarts."""
+        if self.scope == "change" and self.counts:
+            n = self.counts.get(key)
+            self.counts = {} if n is None else {key: n}
+
+    def __getitem__(self, key: str) -> int:
+        return self.counts.get(key, 0)
+
+
+class Streak:
+    """Executed results in a row with one fingerprint, whatever the call."""
+
+    __slots__ = ("last", "length")
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+        self.length = 0
+
+    def add(self, fp: str) -> int:
+        self.length = self.length + 1 if fp == self.last else 1
+        self.last = fp
+        return self.length
+
+
+class CycleTrail:
+    """The last executed (key, fingerprint) pairs; `add` answers the block of 2 or 3 that has just
+    come back `times` times in a row (oldest first), or None."""
+
+    __slots__ = ("times", "recent")
+
+    def __init__(self, times: int) -> None:
+        self.times = times
+        self.recent: deque[tuple[str, str]] = deque(maxlen=max(CYCLE_PERIODS) * times)
+
+    def add(self, key: str, fp: str) -> tuple[tuple[str, str], ...] | None:
+        r = self.recent
+        r.append((key, fp))
+        for p in CYCLE_PERIODS:
+            n = p * self.times
+            if len(r) < n:
+                return None
+            if r[-1] != r[-1 - p]:
+                continue
+            tail = list(r)[-n:]
+            block = tail[:p]
+            if len(set(block)) > 1 and tail == block * self.times:  # a uniform block is period 1
+                return tuple(block)
+        return None
+
+
+_LAST: list[tuple[str, str]] = [("", fingerprint(""))]  # the streak and the cycle guard ask in turn
+
+
+def outcome_fingerprint(content: str) -> str:
+    """The fingerprint repetition rules compare: a result's, leaving out a top-level `duration_s`
+    (the shell reports its timing, so two identical outcomes would never look identical)."""
+    last = _LAST[0]
+    if last[0] is content:
+        return last[1]
+    fp = _outcome(content)
+    _LAST[0] = (content, fp)  # one atomic store: a concurrent run at worst computes it again
+    return fp
+
+
+def _outcome(content: str) -> str:
+    if content.startswith("{") and f'"{_VOLATILE}"' in content:
+        try:
+            value = loads_object(content)
+        except ValueError:
+            return fingerprint(content)
+        if isinstance(value, dict) and _VOLATILE in value:
+            del value[_VOLATILE]
+            return fingerprint(value)
+    return fingerprint(content)
+
+
+def call_label(key: str) -> str:
+    """A short name for a canonical call: `write_file a.py`, `run_tests pytest -q`, `ping`."""
+    name, _, raw = key.partition(":")
+    try:
+        args = loads_object(raw)
+    except ValueError:
+        return name
+    if not isinstance(args, dict) or not args:
+        return name
+    pick = next((args[k] for k in _LABEL_ARGS if isinstance(args.get(k), str)), None)
+    if pick is None and len(args) == 1:
+        pick = next(iter(args.values()))
+    if pick is None:
+        return name
+    text = " ".join((pick if isinstance(pick, str) else canonical_json(pick)).split())
+    return f"{name} {text if len(text) <= _LABEL_CHARS else text[:_LABEL_CHARS - 1] + '…'}"
+
+
+def describe_cycle(block: Iterable[tuple[str, str]], times: int) -> str:
+    return f"{' → '.join(call_label(k) for k, _ in block)}: {times} times with identical results"

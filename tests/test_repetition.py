@@ -1,0 +1,379 @@
+"""Issue 21: a repetition means nothing changed. Real successful runs finish under the defaults;
+cycles and the same call asked again with nothing in between still stop; logs reconcile and replay."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loopfence import Limits, Policy, RunLog, ScriptedModel, StopReason, run, tool, workspace_tools
+from loopfence.cli import cli
+from loopfence.drill import load_scenario
+from loopfence.runlog import reconcile, replay
+from loopfence.testing import calls_reply, text_reply, tool_call
+
+from _runlog_support import edit_events
+
+REAL_RUNS = Path(__file__).resolve().parent / "data" / "real-runs"
+BUDGETS = {"max_steps", "max_tool_calls", "max_prompt_tokens", "max_completion_tokens", "max_wall_seconds"}
+REPETITION_STOPS = {StopReason.REPEATED_CALL, StopReason.REPEATED_RESULT, StopReason.NO_PROGRESS}
+UNBUDGETED = Limits(max_steps=None, max_tool_calls=None, max_prompt_tokens=None, max_completion_tokens=None,
+                    max_wall_seconds=None, tool_timeout_s=None)
+
+
+# ---------------------------------------------------------------------------- the real runs
+@pytest.fixture(scope="module")
+def real_rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("real-runs")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+        rc = cli(["drill", str(REAL_RUNS), "--json", "--out", str(out)])
+    rows = [json.loads(line) for line in buf.getvalue().splitlines() if line.strip()]
+    assert rc == 0, [(r["name"], r["stop"], r["detail"]) for r in rows if not r.get("pass")]
+    return rows
+
+
+def test_the_real_runs_lift_only_the_budgets() -> None:
+    files = sorted(REAL_RUNS.glob("*.json"))
+    assert len(files) == 8
+    for f in files:
+        s = load_scenario(f)
+        lifted = {k for k, v in json.loads(f.read_text())["limits"].items()}
+        assert lifted <= BUDGETS, f.name  # the repetition rules are the defaults
+        assert (s.limits.max_repeats, s.limits.max_identical_results, s.limits.max_cycle_repeats) == (3, 5, 3)
+        assert s.policy == Policy() and s.expect is not None and str(s.expect.stop) == "final_answer"
+        assert f.name in (REAL_RUNS / "SOURCES.md").read_text()
+
+
+def test_the_real_runs_finish_with_their_answer(real_rows: list[dict[str, Any]]) -> None:
+    assert len(real_rows) == 8
+    for r in real_rows:
+        assert r["stop"] == "final_answer" and r["verdict"] == "SHIP", (r["name"], r["detail"])
+    # these three were killed by the old rules: the reproduction script re-run after each fix, the
+    # verify-change-verify test, and silent setup commands in a row
+    by_name = {r["name"]: r for r in real_rows}
+    assert by_name["mini-gemini3pro-django__django-13297"]["tool_executions"] == 88
+    assert by_name["mini-gemini3pro-astropy__astropy-12907"]["tool_executions"] == 20
+    assert by_name["mini-gemini3pro-sphinx-doc__sphinx-8595"]["tool_executions"] == 69
+
+
+def test_the_real_runs_logs_reconcile(real_rows: list[dict[str, Any]]) -> None:
+    for r in real_rows:
+        rec = reconcile(r["log"])
+        assert rec.ok, (r["name"], [(c.name, c.detail) for c in rec.failed])
+
+
+def test_the_old_rules_would_have_stopped_three_real_runs(tmp_path: Path) -> None:
+    """The same files under whole-run counting and a streak of 2 (the rules before issue 21)."""
+    old = tmp_path / "old"
+    old.mkdir()
+    for f in REAL_RUNS.glob("*.json"):
+        data = json.loads(f.read_text())
+        data["limits"].update(max_identical_results=2, max_cycle_repeats=None)
+        data["policy"] = {"repeat_scope": "run"}
+        (old / f.name).write_text(json.dumps(data))
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+        cli(["drill", str(old), "--json", "--out", str(tmp_path / "out")])
+    rows = [json.loads(line) for line in buf.getvalue().splitlines()]
+    stopped = {r["name"]: r["stop"] for r in rows if r["stop"] != "final_answer"}
+    assert stopped == {"mini-gemini3pro-astropy__astropy-12907": "repeated_call",
+                       "mini-gemini3pro-django__django-13297": "repeated_call",
+                       "mini-gemini3pro-sphinx-doc__sphinx-8595": "repeated_result"}
+
+
+# ---------------------------------------------------------------------------- cycles through the ring
+def _edit_and_test(outputs: list[str]) -> list[Any]:
+    """Tools: write(path, content) and run_tests(cmd), the test answering `outputs` in order."""
+    served = iter(outputs)
+    last = [outputs[-1]]
+
+    def write(path: str, content: str) -> str:
+        return f"wrote {len(content)} bytes to {path}"
+
+    def run_tests(cmd: str) -> str:
+        last[0] = next(served, last[0])
+        return last[0]
+
+    return [tool(write), tool(run_tests)]
+
+
+EDIT = tool_call("write", path="a.py", content="x = 1\n")
+TEST = tool_call("run_tests", cmd="pytest -q")
+
+
+def _run(tmp_path: Path, replies: list[Any], tools: list[Any], **kw: Any) -> Any:
+    return run("fix it", model=ScriptedModel(replies), tools=tools, log=RunLog(tmp_path / "run.jsonl"), **kw)
+
+
+def _reconciled(tmp_path: Path) -> None:
+    rec = reconcile(tmp_path / "run.jsonl")
+    assert rec.ok, [(c.name, c.detail) for c in rec.failed]
+    assert replay(tmp_path / "run.jsonl").same_stop
+
+
+def test_a_ping_pong_one_call_per_reply_stops_at_its_third_round(tmp_path: Path) -> None:
+    replies = [calls_reply(EDIT), calls_reply(TEST)] * 10
+    r = _run(tmp_path, replies, _edit_and_test(["1 failed"]))
+    assert r.stop.reason is StopReason.REPEATED_RESULT
+    assert r.ledger.tool_executions == 6 and r.ledger.model_requests == 6
+    assert r.stop.detail == ("write a.py → run_tests pytest -q: 3 times with identical results "
+                             "(max_cycle_repeats=3)")
+    _reconciled(tmp_path)
+
+
+def test_a_ping_pong_in_one_reply_stops_at_the_third_reply(tmp_path: Path) -> None:
+    r = _run(tmp_path, [calls_reply(EDIT, TEST)], _edit_and_test(["1 failed"]))
+    assert r.stop.reason is StopReason.REPEATED_RESULT and r.ledger.model_requests == 3
+    _reconciled(tmp_path)
+
+
+def test_a_ping_pong_after_real_progress_stops_three_rounds_into_the_cycle(tmp_path: Path) -> None:
+    edits = [tool_call("write", path="a.py", content=f"x = {i + 10}\n") for i in range(4)]
+    replies = [x for e in edits for x in (calls_reply(e), calls_reply(TEST))]
+    replies += [calls_reply(EDIT), calls_reply(TEST)] * 5
+    r = _run(tmp_path, replies, _edit_and_test(["4 failed", "3 failed", "2 failed", "1 failed"]),
+             limits=UNBUDGETED)
+    assert r.stop.reason is StopReason.REPEATED_RESULT
+    # four rounds of progress, the fourth ending in "1 failed" (execution 8); then the stuck edit
+    # and the same "1 failed": (test, edit) with identical results a third time at execution 13
+    assert r.ledger.tool_executions == 13
+    assert r.stop.detail.startswith("run_tests pytest -q → write a.py: 3 times")
+
+
+def test_a_period_three_cycle_with_identical_results_stops(tmp_path: Path) -> None:
+    undo = tool_call("write", path="a.py", content="x = 0\n")
+    r = _run(tmp_path, [calls_reply(EDIT), calls_reply(TEST), calls_reply(undo)] * 5,
+             _edit_and_test(["1 failed"]))
+    assert r.stop.reason is StopReason.REPEATED_RESULT and r.ledger.tool_executions == 9
+    assert r.stop.data["period"] == 3
+    _reconciled(tmp_path)
+
+
+def test_the_same_edit_and_test_with_progress_is_not_a_cycle(tmp_path: Path) -> None:
+    outputs = ["5 failed", "4 failed", "3 failed", "2 failed", "1 failed", "passed"]
+    replies = [calls_reply(EDIT), calls_reply(TEST)] * 6 + [text_reply("done")]
+    r = _run(tmp_path, replies, _edit_and_test(outputs), limits=UNBUDGETED)
+    assert r.stop.reason is StopReason.FINAL_ANSWER  # the tests change: something is happening
+
+
+def test_a_ping_pong_through_the_real_shell_is_caught_despite_its_timing(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "t.py").write_text("print(0)\n")  # so every write reports the same (created: false)
+    tools = workspace_tools(ws, names=["write_file", "run_command"], sandbox=False)
+    edit = tool_call("write_file", path="t.py", content="print(1/0)\n")
+    runit = tool_call("run_command", command="python3 t.py 2>&1 | tail -1")
+    r = _run(tmp_path, [calls_reply(edit), calls_reply(runit)] * 5, tools)
+    assert r.stop.reason is StopReason.REPEATED_RESULT and r.ledger.tool_executions == 6
+    assert "write_file t.py → run_command python3 t.py 2>&1 | tail -1: 3 times" in r.stop.detail
+    _reconciled(tmp_path)
+
+
+def test_turning_cycles_off(tmp_path: Path) -> None:
+    r = _run(tmp_path, [calls_reply(EDIT), calls_reply(TEST)] * 10, _edit_and_test(["1 failed"]),
+             limits=Limits(max_cycle_repeats=None, max_identical_results=None))
+    assert r.stop.reason is StopReason.MAX_STEPS
+
+
+# ---------------------------------------------------------------------------- repeats
+def test_the_same_call_with_nothing_in_between_stops_at_the_third_reply(tmp_path: Path) -> None:
+    r = _run(tmp_path, [calls_reply(TEST)], _edit_and_test(["1 failed"]))
+    assert r.stop.reason is StopReason.REPEATED_CALL
+    assert r.ledger.model_requests == 3 and r.ledger.tool_executions == 2
+    _reconciled(tmp_path)
+
+
+def test_reads_in_between_change_nothing(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("x = 1\n")
+    tools = [*_edit_and_test(["1 failed"]), *workspace_tools(ws, names=["read_file", "list_dir"])]
+    replies = [calls_reply(TEST), calls_reply(tool_call("read_file", path="a.py")),
+               calls_reply(TEST), calls_reply(tool_call("list_dir")), calls_reply(TEST)]
+    r = _run(tmp_path, replies, tools)
+    assert r.stop.reason is StopReason.REPEATED_CALL and r.ledger.model_requests == 5
+    assert r.stop.data["key"] == 'run_tests:{"cmd":"pytest -q"}'
+    _reconciled(tmp_path)
+
+
+def test_edit_then_test_for_five_rounds_finishes(tmp_path: Path) -> None:
+    edits = [tool_call("write", path="a.py", content=f"x = {i}\n") for i in range(5)]
+    replies = [x for e in edits for x in (calls_reply(e), calls_reply(TEST))] + [text_reply("fixed")]
+    r = _run(tmp_path, replies, _edit_and_test([f"{4 - i} failed" for i in range(5)]))
+    assert r.stop.reason is StopReason.FINAL_ANSWER and r.ledger.tool_executions == 10
+    _reconciled(tmp_path)
+
+
+def test_repeat_scope_run_keeps_whole_run_counting(tmp_path: Path) -> None:
+    edits = [tool_call("write", path="a.py", content=f"x = {i}\n") for i in range(5)]
+    replies = [x for e in edits for x in (calls_reply(e), calls_reply(TEST))] + [text_reply("fixed")]
+    r = _run(tmp_path, replies, _edit_and_test([f"{4 - i} failed" for i in range(5)]),
+             policy=Policy(repeat_scope="run"))
+    assert r.stop.reason is StopReason.REPEATED_CALL and r.ledger.model_requests == 6
+    assert "(max_repeats=3, repeat_scope=run)" in r.stop.detail
+    header = json.loads((tmp_path / "run.jsonl").read_text().splitlines()[0])
+    assert header["policy"]["repeat_scope"] == "run" and header["limits"]["max_cycle_repeats"] == 3
+    _reconciled(tmp_path)
+
+
+# ---------------------------------------------------------------------------- reconcile
+def test_a_cycle_stop_whose_results_were_edited_does_not_reconcile(tmp_path: Path) -> None:
+    _run(tmp_path, [calls_reply(EDIT), calls_reply(TEST)] * 5, _edit_and_test(["1 failed"]))
+
+    def change(events: list[dict[str, Any]]) -> None:
+        first_test = next(e for e in events if e["event"] == "result" and e["name"] == "run_tests")
+        first_test["content"] = "2 failed"
+
+    edited = edit_events(tmp_path / "run.jsonl", tmp_path / "edited.jsonl", change)
+    assert {c.name for c in reconcile(edited).failed} == {"limit_reached"}
+
+
+def _three_edits_under_run_scope(tmp_path: Path) -> None:
+    """Edit, test, three times, counting over the whole run: the third test stops repeated_call."""
+    edits = [tool_call("write", path="a.py", content=f"x = {i}\n") for i in range(3)]
+    replies = [x for e in edits for x in (calls_reply(e), calls_reply(TEST))]
+    _run(tmp_path, replies, _edit_and_test(["1 failed", "2 failed", "3 failed"]),
+         policy=Policy(repeat_scope="run"))
+
+
+def test_a_repeated_call_stop_under_the_wrong_scope_does_not_reconcile(tmp_path: Path) -> None:
+    _three_edits_under_run_scope(tmp_path)
+    assert reconcile(tmp_path / "run.jsonl").ok
+
+    def scope(events: list[dict[str, Any]]) -> None:
+        events[0]["policy"]["repeat_scope"] = "change"  # under this rule the third test was a new question
+
+    edited = edit_events(tmp_path / "run.jsonl", tmp_path / "edited.jsonl", scope)
+    assert {c.name for c in reconcile(edited).failed} == {"limit_reached"}
+
+
+def test_a_log_written_before_issue_21_is_read_with_the_rules_it_ran_under(tmp_path: Path) -> None:
+    _three_edits_under_run_scope(tmp_path)
+
+    def older(events: list[dict[str, Any]]) -> None:
+        del events[0]["policy"]["repeat_scope"], events[0]["limits"]["max_cycle_repeats"]
+
+    edited = edit_events(tmp_path / "run.jsonl", tmp_path / "old.jsonl", older)
+    assert reconcile(edited).ok
+    assert replay(edited).same_stop  # replayed with whole-run counting, as it ran
+    events = [json.loads(line) for line in edited.read_text().splitlines()]
+    events[-1]["data"].pop("key")  # a stop written before issue 21 did not name the call
+    (tmp_path / "older.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert reconcile(tmp_path / "older.jsonl").ok
+
+
+def test_limits_and_policy_read_the_new_settings() -> None:
+    assert Limits.from_json({"max_cycle_repeats": None}).max_cycle_repeats is None
+    with pytest.raises(ValueError, match="max_cycle_repeats must be at least 2"):
+        Limits.from_json({"max_cycle_repeats": 1})
+    assert Policy.from_json({"repeat_scope": "run"}) == Policy(repeat_scope="run")
+    with pytest.raises(ValueError, match="repeat_scope must be 'change' or 'run'"):
+        Policy.from_json({"repeat_scope": "reply"})
+    assert Policy().to_json() == {"on_bad_call": "fail", "max_bad_calls": 2, "repeat_scope": "change"}
+
+
+# ---------------------------------------------------------------------------- the property
+KINDS = {"edit": "side_effect", "test": "side_effect", "read": "read_only"}
+KEYS = [(name, arg) for name in KINDS for arg in ("a", "b", "c")]
+CHANGE = ("edit", "z")  # a side effect with a new result: what the model sees next is the block's
+
+
+class Plan:
+    """Tools whose n-th execution of a key answers the n-th planned result for it (after the plan
+    runs out: the key's block result)."""
+
+    def __init__(self) -> None:
+        self.results: dict[tuple[str, str], list[str]] = {k: [] for k in [*KEYS, CHANGE]}
+        self.block: dict[tuple[str, str], str] = {}
+        self.done: dict[tuple[str, str], int] = dict.fromkeys(self.results, 0)
+
+    def tools(self) -> list[Any]:
+        def make(name: str) -> Any:
+            def fn(arg: str) -> str:
+                k = (name, arg)
+                n, self.done[k] = self.done[k], self.done[k] + 1
+                planned = self.results[k]
+                return planned[n] if n < len(planned) else self.block[k]
+
+            fn.__name__ = name
+            fn.__doc__ = f"{name} something"
+            return tool(fn, kind=KINDS[name])
+
+        return [make(name) for name in KINDS]
+
+
+@st.composite
+def progress(draw: st.DrawFn, plan: Plan, max_calls: int = 24) -> list[tuple[str, str]]:
+    """Calls where every repeat of a call follows a different side-effecting call with a new result
+    (its own result may be the same as last time: the test still fails the same way)."""
+    fresh = itertools.count()
+    last: dict[tuple[str, str], str] = {}
+    changed_since: dict[tuple[str, str], bool] = {}
+    seq: list[tuple[str, str]] = []
+    for _ in range(draw(st.integers(0, max_calls))):
+        allowed = [k for k in KEYS if k not in last or changed_since[k]]
+        if not allowed:
+            break
+        k = draw(st.sampled_from(allowed))
+        same = k in last and draw(st.booleans())
+        result = last[k] if same else f"result {next(fresh)}"
+        plan.results[k].append(result)
+        last[k] = result
+        changed_since[k] = False
+        if KINDS[k[0]] == "side_effect" and not same:
+            for other in changed_since:
+                if other != k:
+                    changed_since[other] = True
+        seq.append(k)
+    return seq
+
+
+def _replies(draw: st.DrawFn, calls: list[tuple[str, str]]) -> list[Any]:
+    out, i = [], 0
+    while i < len(calls):
+        n = draw(st.integers(1, 3))
+        out.append(calls_reply(*(tool_call(name, arg=arg) for name, arg in calls[i:i + n])))
+        i += n
+    return out
+
+
+@settings(max_examples=150)
+@given(st.data())
+def test_property_repeats_after_a_change_never_stop_a_run(data: st.DataObject) -> None:
+    plan = Plan()
+    calls = data.draw(progress(plan))
+    replies = [*_replies(data.draw, calls), text_reply("done")]
+    r = run("work", model=ScriptedModel(replies), tools=plan.tools(), limits=UNBUDGETED, log=RunLog(None))
+    assert r.stop.reason is StopReason.FINAL_ANSWER, (calls, r.stop.detail)
+    assert r.ledger.tool_executions == len(calls) and r.ledger.reused == 0
+
+
+@settings(max_examples=150)
+@given(st.data())
+def test_property_three_repetitions_of_a_block_with_identical_results_stop_a_run(data: st.DataObject) -> None:
+    plan = Plan()
+    prefix = data.draw(progress(plan, max_calls=12))
+    period = data.draw(st.integers(1, 3))
+    block = data.draw(st.lists(st.sampled_from(KEYS), min_size=period, max_size=period))
+    for k in block:
+        plan.block[k] = f"block result {k}"
+    plan.results[CHANGE].append("a change nobody has seen")
+    prefix.append(CHANGE)  # so no read in the block answers from before it: every result is the block's
+    tail = block * 3
+    if data.draw(st.booleans()):  # one call per reply, or one block per reply
+        tail_replies = [calls_reply(tool_call(name, arg=arg)) for name, arg in tail]
+    else:
+        tail_replies = [calls_reply(*(tool_call(name, arg=arg) for name, arg in block))] * 3
+    replies = [*_replies(data.draw, prefix), *tail_replies, text_reply("done")]
+    r = run("work", model=ScriptedModel(replies), tools=plan.tools(), limits=UNBUDGETED, log=RunLog(None))
+    assert r.stop.reason in REPETITION_STOPS, (prefix, block, r.stop.reason, r.stop.detail)
+    assert r.ledger.model_requests <= len(replies) - 1  # before the final answer was asked for
