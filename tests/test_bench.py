@@ -53,6 +53,7 @@ def test_overhead_stream_and_concurrency_report_numbers(quick: tuple[str, dict])
     for level in data["Concurrency"].values():
         assert level["answered"] >= level["runs"]
         assert level["harness_us"] > 0
+    assert {"arun-1", "arun-10"} <= set(data["Concurrency"])  # concurrent arun()s on one loop
     for title in ("## Waste on runaway scripts", "## No false stops", "## Overhead per step",
                   "## Stream assembly", "## Concurrency", "| loopfence |"):
         assert title in report
@@ -73,25 +74,24 @@ def test_unknown_section_is_a_usage_error() -> None:
 
 
 def test_the_profile_drives_a_real_run_on_the_profiled_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The profile section (run only where pyinstrument is installed) drives the ring on the calling
-    thread; it must return what the real driver returns."""
+    """The profile section samples the calling thread: the ring's event loop runs there (run() drives
+    its own loop on the caller's thread), so the ring's own code is what the profile shows."""
     import threading
 
-    monkeypatch.syspath_prepend(str(ROOT))
-    from bench.sections import profile
-
     from loopfence import RunLog, ScriptedModel, run, tool
-    from loopfence import _loop
     from loopfence.testing import calls_reply, text_reply, tool_call
 
     threads: list[int] = []
 
+    class Where(ScriptedModel):
+        async def acomplete(self, request):
+            threads.append(threading.get_ident())
+            return self.complete(request)
+
     def where() -> str:
-        threads.append(threading.get_ident())
         return "here"
 
-    monkeypatch.setattr(_loop, "run_to_end", profile._on_this_thread)
-    result = run("t", model=ScriptedModel([calls_reply(tool_call("where", "{}")), text_reply("done")]),
+    result = run("t", model=Where([calls_reply(tool_call("where", "{}")), text_reply("done")]),
                  tools=[tool(where)], log=RunLog(None))
     assert result.final_answer == "done" and result.cpu_s is not None
-    assert threads == [threading.get_ident()]
+    assert threads == [threading.get_ident()] * 2

@@ -116,12 +116,25 @@ def test_count_tokens_is_used_when_the_model_offers_it_and_asked_once_per_step()
 
 
 def test_count_tokens_none_or_raising_falls_back_to_the_estimate():
-    for counter in (lambda m, t: None, lambda m, t: 1 // 0):
+    for counted in (None, 0, True, "12"):  # what the ring sets when the count is missing or raised
         s = RunState(Limits(), Policy(), REG,
-                     messages=[{"role": "user", "content": "x" * 300}], token_counter=counter)
+                     messages=[{"role": "user", "content": "x" * 300}], counts_tokens=True)
+        s.set_count(counted)
         plain = RunState(Limits(), Policy(), REG,
                          messages=[{"role": "user", "content": "x" * 300}])
         assert s.next_prompt_estimate() == plain.next_prompt_estimate() > 100
+
+
+@pytest.mark.parametrize("counter", [lambda m, t: None, lambda m, t: 1 // 0])
+def test_a_model_count_that_fails_leaves_the_estimate_in_a_run(counter):
+    class Counting(ScriptedModel):
+        def count_tokens(self, messages, tools):
+            return counter(messages, tools)
+
+    log = RunLog(None)
+    r = run("x" * 300, model=Counting([text_reply("ok")]), tools=REG, log=log)
+    assert r.stop.reason is StopReason.FINAL_ANSWER
+    assert [e["prompt_estimate"] for e in log.events if e["event"] == "request"][0] > 100
 
 
 def test_estimate_starts_from_the_last_reported_prompt_plus_what_came_since():

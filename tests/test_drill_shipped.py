@@ -155,3 +155,31 @@ def test_every_call_has_exactly_one_result(rows: list[dict]) -> None:
     for r in rows:
         assert all(c["ok"] is not None for c in r["calls"]), r["name"]
         assert len(r["calls"]) == r["tool_calls"], r["name"]
+
+
+_THROUGH: dict[str, dict[str, tuple]] = {}
+
+
+@pytest.mark.parametrize("entry", ["run", "arun"])
+def test_the_shipped_drills_give_the_same_stops_and_counts_through_run_and_arun(
+        entry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shipped drill, once through run() and once through `await arun()` on an event loop:
+    each passes its expectations, and both entries give the same stop and counts."""
+    import asyncio
+
+    from loopfence._loop import arun
+    from loopfence.drill import _runner, run_scenario
+
+    if entry == "arun":
+        monkeypatch.setattr(_runner, "run", lambda *a, **k: asyncio.run(arun(*a, **k)))
+    seen = {}
+    for f in FILES:
+        if f in SKIPPED:
+            continue
+        row = run_scenario(load_scenario(f), tmp_path)
+        assert row.passed, (entry, f.name, row.mismatches)
+        seen[row.name] = (row.stop, row.verdict, tuple(sorted(row.counts.items())))
+    assert len(seen) == len(FILES) - len(SKIPPED)
+    _THROUGH[entry] = seen
+    if len(_THROUGH) == 2:
+        assert _THROUGH["run"] == _THROUGH["arun"]

@@ -1,8 +1,15 @@
-"""Where the ring runs (_driver): tools on the ring's own thread, timeouts by one watchdog that hands
-the run to a fresh thread, Ctrl-C thrown into the ring wherever it is, runner threads reused."""
+"""Where the ring runs (_aio, _loop): an asyncio core. Every operation is awaited under one deadline;
+sync adapters run on a bounded worker pool and the run goes on without them at the deadline; async
+tools and models are cancelled; cancelling the awaiting task ends the run `cancelled` with a complete
+log; run() works in a script, a thread and inside a running event loop; Ctrl-C ends the run named.
+
+Timing: the assertions are about order and events (a tool still blocked when the run returned), not
+about how many seconds passed, which a busy 2-core machine cannot promise."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import os
 import signal
@@ -12,19 +19,24 @@ import time
 import pytest
 
 from loopfence import Limits, RunLog, ScriptedModel, StopReason, run, tool
-from loopfence import _driver
-from loopfence._driver import Op, Slot, interrupted, run_to_end
+from loopfence._aio import MAX_THREADS, worker_threads
+from loopfence._loop import arun
+from loopfence.runlog import reconcile
 from loopfence.testing import calls_reply, text_reply, tool_call
-from loopfence.tools._executor import Executor
+from loopfence.tools._executor import Executor, time_left
 
 
 def _events(log: RunLog, kind: str) -> list[dict]:
     return [e for e in log.events if e["event"] == kind]
 
 
+def _read(path) -> list[dict]:
+    return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
 @pytest.fixture
 def release():
-    """Set it to let `hang` return; it is set at teardown whatever happens."""
+    """Set it to let a blocked tool or model return; it is set at teardown whatever happens."""
     event = threading.Event()
     yield event
     event.set()
@@ -32,44 +44,50 @@ def release():
 
 def _hang_tool(release: threading.Event):
     def hang() -> str:
-        release.wait(30)  # far past any timeout here: only the watchdog can answer the ring
+        release.wait(30)  # far past any timeout here
         return "late"
     return tool(hang)
 
 
-def _hang_then_answer() -> ScriptedModel:
-    return ScriptedModel([calls_reply(tool_call("hang", "{}")), text_reply("ok")])
+def _call_then_answer(name: str = "hang") -> ScriptedModel:
+    return ScriptedModel([calls_reply(tool_call(name, "{}")), text_reply("ok")])
 
 
-def test_a_hung_tool_times_out_and_the_run_goes_on_without_it() -> None:
-    release = threading.Event()
-    threads: list[int] = []
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1][:1] != "Z"
+    except FileNotFoundError:
+        return False
 
+
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    give_up = time.monotonic() + within_s
+    while _alive(pid) and time.monotonic() < give_up:
+        time.sleep(0.02)
+    return not _alive(pid)
+
+
+# -- tool deadlines ------------------------------------------------------------------------------
+def test_a_hung_sync_tool_times_out_and_the_run_goes_on_without_it(release) -> None:
     def hang(n: int) -> str:
-        threads.append(threading.get_ident())
         if n == 0:
-            release.wait(30)  # far past the timeout: only the watchdog can answer the ring
+            release.wait(30)
         return f"done {n}"
 
     log = RunLog(None)
     replies = [calls_reply(tool_call("hang", n=0)), calls_reply(tool_call("hang", n=1)), text_reply("ok")]
-    started = time.monotonic()
-    result = run("t", model=ScriptedModel(replies), tools=[tool(hang)],
-                 limits=Limits(tool_timeout_s=0.3), log=log)
-    waited = time.monotonic() - started
-    release.set()
+    result = run("t", model=ScriptedModel(replies), tools=[tool(hang)], limits=Limits(tool_timeout_s=0.3), log=log)
+    assert not release.is_set()  # the run returned while the first call was still blocked
     assert result.stop.reason is StopReason.FINAL_ANSWER
-    assert waited < 10  # the caller got control back long before the tool returned
     first, second = (json.loads(e["content"]) if e["content"].startswith("{") else e["content"]
                      for e in _events(log, "result"))
     assert first["error"] == "timeout" and "may still be running" in first["message"]
     assert second == "done 1"
-    assert threads[0] != threads[1]  # the abandoned thread was not the one that went on
     assert result.ledger.tool_executions == 2
 
 
-def test_the_abandoned_tool_returning_later_changes_nothing() -> None:
-    release = threading.Event()
+def test_the_abandoned_tool_returning_later_changes_nothing(release) -> None:
     returned = threading.Event()
 
     def hang() -> str:
@@ -78,29 +96,24 @@ def test_the_abandoned_tool_returning_later_changes_nothing() -> None:
         return "late"
 
     log = RunLog(None)
-    result = run("t", model=ScriptedModel([calls_reply(tool_call("hang", "{}")), text_reply("ok")]),
-                 tools=[tool(hang)], limits=Limits(tool_timeout_s=0.2), log=log)
+    result = run("t", model=_call_then_answer(), tools=[tool(hang)], limits=Limits(tool_timeout_s=0.2), log=log)
     n_events = len(log.events)
     release.set()
     assert returned.wait(5)
-    time.sleep(0.5)  # let the old thread try to claim the finished call
+    time.sleep(0.2)
     assert len(log.events) == n_events and log.events[-1]["event"] == "stop"
     assert result.stop.reason is StopReason.FINAL_ANSWER
     assert [e["error"] for e in _events(log, "result")] == ["timeout"]
 
 
-def test_a_short_timeout_is_not_held_up_by_a_long_one_already_armed(release) -> None:
-    """The watchdog sleeps until the earliest deadline: a run armed with 30 s must not delay another
-    run's 0.2 s timeout."""
+def test_a_short_timeout_is_not_held_up_by_a_long_one(release) -> None:
     long_run = threading.Thread(target=run, args=("t",), kwargs=dict(
-        model=_hang_then_answer(), tools=[_hang_tool(release)], limits=Limits(tool_timeout_s=30),
+        model=_call_then_answer(), tools=[_hang_tool(release)], limits=Limits(tool_timeout_s=30),
         log=RunLog(None)))
     long_run.start()
-    time.sleep(0.2)  # the long deadline is armed first
-    started = time.monotonic()
-    result = run("t", model=_hang_then_answer(), tools=[_hang_tool(release)],
+    result = run("t", model=_call_then_answer(), tools=[_hang_tool(release)],
                  limits=Limits(tool_timeout_s=0.2), log=RunLog(None))
-    assert time.monotonic() - started < 10
+    assert long_run.is_alive()  # the other run is still waiting on its 30 s timeout
     assert result.stop.reason is StopReason.FINAL_ANSWER
     release.set()
     long_run.join(10)
@@ -108,37 +121,250 @@ def test_a_short_timeout_is_not_held_up_by_a_long_one_already_armed(release) -> 
 
 
 def test_the_run_clock_bounds_a_hung_tool(release) -> None:
-    result = run("t", model=_hang_then_answer(), tools=[_hang_tool(release)],
+    result = run("t", model=_call_then_answer(), tools=[_hang_tool(release)],
                  limits=Limits(tool_timeout_s=None, max_wall_seconds=0.5), log=RunLog(None))
     assert result.stop.reason is StopReason.MAX_WALL_SECONDS
+    assert not release.is_set()
 
 
-def test_ctrl_c_during_a_model_call_ends_the_run_cancelled_with_a_complete_log() -> None:
+def test_an_async_tools_return_value_is_what_the_model_sees() -> None:
+    async def lookup(q: str) -> dict:
+        await asyncio.sleep(0)
+        return {"answer": q.upper(), "left": time_left() is not None}
+
+    model = ScriptedModel([calls_reply(tool_call("lookup", q="abc")), text_reply("ok")])
+    log = RunLog(None)
+    result = run("t", model=model, tools=[tool(lookup)], log=log)
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    assert tool(lookup).isolation == "async"
+    [res] = _events(log, "result")
+    assert json.loads(res["content"]) == {"answer": "ABC", "left": True}
+    assert "coroutine" not in json.dumps(model.requests[-1].messages)
+
+
+def test_an_async_tool_past_its_timeout_is_cancelled_and_the_run_goes_on() -> None:
+    seen: list[str] = []
+
+    async def slow(n: int) -> str:
+        try:
+            await asyncio.sleep(30 if n == 0 else 0)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        return f"done {n}"
+
+    log = RunLog(None)
+    replies = [calls_reply(tool_call("slow", n=0)), calls_reply(tool_call("slow", n=1)), text_reply("ok")]
+    result = run("t", model=ScriptedModel(replies), tools=[tool(slow)], limits=Limits(tool_timeout_s=0.2), log=log)
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    first, second = (e["content"] for e in _events(log, "result"))
+    assert json.loads(first)["error"] == "timeout" and "cancelled" in json.loads(first)["message"]
+    assert second == "done 1"
+    assert seen == ["cancelled"]
+
+
+def test_an_async_tool_raising_timeout_error_itself_is_its_own_error() -> None:
+    async def flaky() -> str:
+        raise TimeoutError("upstream timed out")
+
+    log = RunLog(None)
+    run("t", model=_call_then_answer("flaky"), tools=[tool(flaky)], limits=Limits(tool_timeout_s=30), log=log)
+    body = json.loads(_events(log, "result")[0]["content"])
+    assert body["error"] == "timeout" and "upstream timed out" in body["message"]
+
+
+def test_executor_outside_a_run_still_times_out(release) -> None:
+    res = Executor().execute(_hang_tool(release), {}, 0.2)
+    assert res.error == "timeout"
+    assert not release.is_set()
+
+
+@pytest.mark.parametrize("nested", ["executor", "run"])
+def test_code_a_tool_calls_does_not_take_the_outer_tools_deadline(nested, release) -> None:
+    """What a tool calls in turn (a tool run through an Executor, or a whole inner run, each with a
+    30 s timeout) has deadlines of its own: the outer 0.5 s timeout still holds."""
+    def inner_noop() -> str:
+        return "inner"
+
+    def outer() -> str:
+        if nested == "executor":
+            assert Executor().execute(tool(inner_noop), {}, 30).content == "inner"
+        else:
+            inner = run("inner", model=_call_then_answer("inner_noop"), tools=[tool(inner_noop)],
+                        limits=Limits(tool_timeout_s=30), log=RunLog(None))
+            assert inner.final_answer == "ok"
+        release.wait(30)
+        return "outer"
+
+    log = RunLog(None)
+    result = run("t", model=_call_then_answer("outer"), tools=[tool(outer)], limits=Limits(tool_timeout_s=0.5), log=log)
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    assert [e["error"] for e in _events(log, "result")] == ["timeout"]
+    assert not release.is_set()
+
+
+# -- model deadlines -----------------------------------------------------------------------------
+def test_a_sync_model_past_max_wall_seconds_is_left_behind(release, tmp_path) -> None:
+    returned = threading.Event()
+
+    class Sleepy:
+        def complete(self, request):
+            release.wait(3)  # a model that takes 3 s
+            returned.set()
+            return ScriptedModel([text_reply("late")]).complete(request)
+
+    path = tmp_path / "run.jsonl"
+    result = run("t", model=Sleepy(), limits=Limits(max_wall_seconds=0.5), log=path)
+    assert not returned.is_set()  # the run ended while the model was still sleeping
+    assert result.stop.reason is StopReason.MAX_WALL_SECONDS
+    assert "went on without it" in result.stop.detail
+    assert result.ledger.elapsed_s < 3
+    assert _read(path)[-1]["event"] == "stop" and reconcile(path).ok
+
+
+def test_an_async_model_past_max_wall_seconds_is_cancelled(tmp_path) -> None:
+    seen: list[str] = []
+
+    class Sleepy:
+        async def acomplete(self, request):
+            try:
+                await asyncio.sleep(3)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            return ScriptedModel([text_reply("late")]).complete(request)
+
+        def complete(self, request):
+            raise AssertionError("the async form is used")
+
+    path = tmp_path / "run.jsonl"
+    result = asyncio.run(arun("t", model=Sleepy(), limits=Limits(max_wall_seconds=0.5), log=path))
+    assert result.stop.reason is StopReason.MAX_WALL_SECONDS
+    assert seen == ["cancelled"] and result.ledger.elapsed_s < 3
+    assert reconcile(path).ok
+
+
+def test_a_subclass_overriding_only_complete_keeps_its_override() -> None:
+    calls: list[str] = []
+
+    class Base:
+        def complete(self, request):
+            return ScriptedModel([text_reply("base")]).complete(request)
+
+        async def acomplete(self, request):
+            return self.complete(request)
+
+    class Mine(Base):
+        def complete(self, request):
+            calls.append("mine")
+            return ScriptedModel([text_reply("mine")]).complete(request)
+
+    assert run("t", model=Mine(), log=RunLog(None)).final_answer == "mine" and calls == ["mine"]
+
+
+# -- cancellation --------------------------------------------------------------------------------
+def test_cancelling_the_awaiting_task_after_the_first_of_ten_slow_calls(tmp_path) -> None:
+    ran: list[int] = []
+    first_done = threading.Event()
+
+    def slow(n: int) -> str:
+        ran.append(n)
+        if n == 0:
+            first_done.set()
+            return "first"
+        time.sleep(1)
+        return f"done {n}"
+
+    replies = [calls_reply(*(tool_call("slow", n=i, id=f"c{i}") for i in range(10))), text_reply("ok")]
+    path = tmp_path / "run.jsonl"
+
+    async def main() -> None:
+        task = asyncio.create_task(arun("t", model=ScriptedModel(replies), tools=[tool(slow)], log=path))
+        while not first_done.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert len(ran) <= 2
+    events = _read(path)
+    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "cancelled"
+    results = [e for e in events if e["event"] == "result"]
+    assert len(results) == 10  # every requested call has exactly one result
+    assert results[0]["content"] == "first"
+    assert all(r["error"] in ("outcome_unknown", "not_executed") for r in results[1:])
+    assert sum(r["error"] == "outcome_unknown" for r in results) <= 1
+    assert reconcile(path).ok
+
+
+def test_cancelling_during_a_process_tool_kills_its_tree(tmp_path) -> None:
+    pid_file = tmp_path / "pids"
+
+    def stubborn() -> str:
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "60"])  # a grandchild in the same group
+        pid_file.write_text(f"{os.getpid()} {child.pid}")
+        time.sleep(60)
+        return "never"
+
+    path = tmp_path / "run.jsonl"
+
+    async def main() -> None:
+        task = asyncio.create_task(arun("t", model=_call_then_answer("stubborn"),
+                                        tools=[tool(stubborn, isolation="process")],
+                                        limits=Limits(tool_timeout_s=None), log=path))
+        while not pid_file.exists() or len(pid_file.read_text().split()) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    for pid in map(int, pid_file.read_text().split()):
+        assert _gone(pid), f"process {pid} of the cancelled tool outlived the run"
+    events = _read(path)
+    assert events[-1]["reason"] == "cancelled"
+    assert [e["error"] for e in events if e["event"] == "result"] == ["outcome_unknown"]
+    assert reconcile(path).ok
+
+
+def test_a_timeout_around_arun_ends_it_cancelled_and_raises_timeout_error(release, tmp_path) -> None:
+    path = tmp_path / "run.jsonl"
+
+    async def main() -> None:
+        async with asyncio.timeout(0.3):
+            await arun("t", model=_call_then_answer(), tools=[_hang_tool(release)],
+                       limits=Limits(tool_timeout_s=None), log=path)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(main())
+    assert _read(path)[-1]["reason"] == "cancelled" and reconcile(path).ok
+
+
+def test_ctrl_c_during_a_model_call_ends_the_run_cancelled_with_a_complete_log(release) -> None:
     class Interrupting(ScriptedModel):
         def complete(self, request):
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)  # the caller's thread takes over long before this returns
+            release.wait(30)  # the run ends long before this returns
             return super().complete(request)
 
     log = RunLog(None)
-    started = time.monotonic()
     result = run("t", model=Interrupting([text_reply("never")]), log=log)
-    assert time.monotonic() - started < 4
-    assert result.stop.reason is StopReason.CANCELLED
+    assert not release.is_set()
+    assert result.stop.reason is StopReason.CANCELLED and "Ctrl-C" in result.stop.detail
     assert log.events[-1]["event"] == "stop" and log.events[-1]["reason"] == "cancelled"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
-def test_ctrl_c_between_operations_is_thrown_in_at_the_next_one() -> None:
-    """SIGINT while the ring is in its own logic (here a guard): nothing to take over, so the
-    ring stops before its next operation; the call it never started is answered not_executed."""
+def test_ctrl_c_between_operations_stops_before_the_next_one() -> None:
+    """SIGINT while the ring is in its own logic (a guard): the call it never started is not_executed."""
     from loopfence._guards import Guard
 
-    class Slow(Guard):
+    class Pressing(Guard):
         def on_reply(self, s, calls) -> None:
             os.kill(os.getpid(), signal.SIGINT)
-            give_up = time.monotonic() + 30
-            while not interrupted() and time.monotonic() < give_up:  # the caller has seen it
-                time.sleep(0.01)
 
     ran: list[str] = []
 
@@ -147,124 +373,18 @@ def test_ctrl_c_between_operations_is_thrown_in_at_the_next_one() -> None:
         return "x"
 
     log = RunLog(None)
-    result = run("t", model=ScriptedModel([calls_reply(tool_call("work", "{}")), text_reply("ok")]),
-                 tools=[tool(work)], guards=[Slow()], log=log)
+    result = run("t", model=_call_then_answer("work"), tools=[tool(work)], guards=[Pressing()], log=log)
     assert result.stop.reason is StopReason.CANCELLED
     assert ran == []
     assert [e["error"] for e in _events(log, "result")] == ["not_executed"]
 
 
-def test_runner_threads_are_reused(monkeypatch) -> None:
-    started: list[str] = []
-    real_start = threading.Thread.start
-
-    def counting_start(self):
-        started.append(self.name)
-        real_start(self)
-
-    def noop(n: int) -> str:
-        return str(n)
-
-    monkeypatch.setattr(threading.Thread, "start", counting_start)
-    for i in range(30):
-        run("t", model=ScriptedModel([calls_reply(tool_call("noop", n=i)), text_reply("ok")]),
-            tools=[tool(noop)], log=RunLog(None))
-    assert started.count("loopfence-ring") <= 1, started  # one at most, if the pool was empty
-    assert not [name for name in started if name in ("loopfence-tool", "loopfence-http")], started
-
-
-def test_cpu_seconds_of_the_ring_are_reported() -> None:
-    def spin() -> str:
-        end = time.thread_time() + 0.05
-        while time.thread_time() < end:
-            pass
-        return "spun"
-
-    result = run("t", model=ScriptedModel([calls_reply(tool_call("spin", "{}")), text_reply("ok")]),
-                 tools=[tool(spin)], log=RunLog(None))
-    assert result.cpu_s is not None and result.cpu_s >= 0.05
-
-
-def test_executor_outside_a_run_still_times_out_by_hand_off(release) -> None:
-    started = time.monotonic()
-    res = Executor().execute(_hang_tool(release), {}, 0.2)
-    assert time.monotonic() - started < 10
-    assert res.error == "timeout"
-
-
-def test_a_slot_is_claimed_exactly_once_under_contention() -> None:
-    for _ in range(50):
-        slot = Slot()
-        wins: list[bool] = []
-        go = threading.Barrier(4)
-
-        def race() -> None:
-            go.wait()
-            wins.append(slot.claim())
-
-        threads = [threading.Thread(target=race) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert sorted(wins) == [False, False, False, True]
-
-
-def test_arming_outside_a_driven_run_is_an_error() -> None:
-    with pytest.raises(RuntimeError, match="outside a driven run"):
-        Slot().arm(time.monotonic() + 1, lambda: None)
-
-
-def test_an_error_escaping_the_ring_reaches_the_caller() -> None:
-    class Boom(Op):
-        def run(self):
-            return 1
-
-    def gen():
-        got = yield Boom()
-        raise SystemExit(f"got {got}")
-
-    with pytest.raises(SystemExit, match="got 1"):
-        run_to_end(gen())
-
-
-@pytest.mark.parametrize("nested", ["executor", "run"])
-def test_code_a_tool_calls_does_not_take_the_outer_tools_deadline(nested) -> None:
-    """The slot of the call in flight is handed out once: what the tool calls in turn (a tool run
-    through an Executor on the same thread, or a whole inner run, each with a 30 s timeout) cannot
-    re-arm or disarm the outer 0.5 s timeout."""
-    def inner_noop() -> str:
-        return "inner"
-
-    def outer() -> str:
-        if nested == "executor":
-            assert Executor().execute(tool(inner_noop), {}, 30).content == "inner"
-        else:
-            inner = run("inner", model=_hang_then_answer_with("inner_noop"), tools=[tool(inner_noop)],
-                        limits=Limits(tool_timeout_s=30), log=RunLog(None))
-            assert inner.final_answer == "ok"
-        time.sleep(10)  # far past the 0.5 s timeout
-        return "outer"
-
-    log = RunLog(None)
-    started = time.monotonic()
-    result = run("t", model=_hang_then_answer_with("outer"), tools=[tool(outer)],
-                 limits=Limits(tool_timeout_s=0.5), log=log)
-    assert time.monotonic() - started < 6
-    assert result.stop.reason is StopReason.FINAL_ANSWER
-    assert [e["error"] for e in _events(log, "result")] == ["timeout"]
-
-
-def _hang_then_answer_with(name: str) -> ScriptedModel:
-    return ScriptedModel([calls_reply(tool_call(name, "{}")), text_reply("ok")])
-
-
-def test_keyboard_interrupt_raised_by_a_timed_tool_cancels_the_run() -> None:
+def test_keyboard_interrupt_raised_by_a_tool_cancels_the_run() -> None:
     def boom() -> str:
         raise KeyboardInterrupt
 
     log = RunLog(None)
-    result = run("t", model=_hang_then_answer_with("boom"), tools=[tool(boom)], log=log)
+    result = run("t", model=_call_then_answer("boom"), tools=[tool(boom)], log=log)
     assert result.stop.reason is StopReason.CANCELLED
     assert [e["error"] for e in _events(log, "result")] == ["outcome_unknown"]
 
@@ -284,27 +404,88 @@ def test_ctrl_c_during_a_process_tool_kills_the_child(tmp_path) -> None:
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     threading.Thread(target=interrupt_when_started, daemon=True).start()
-    result = run("t", model=_hang_then_answer_with("stubborn"), tools=[tool(stubborn, isolation="process")],
+    result = run("t", model=_call_then_answer("stubborn"), tools=[tool(stubborn, isolation="process")],
                  limits=Limits(tool_timeout_s=None), log=RunLog(None))
     assert result.stop.reason is StopReason.CANCELLED
-    pid = int(pid_file.read_text())
-    give_up = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < give_up:
-        time.sleep(0.02)
-    assert not _alive(pid), f"the process tool {pid} outlived the cancelled run"
+    assert _gone(int(pid_file.read_text())), "the process tool outlived the cancelled run"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[-1][:1] != "Z"
-    except FileNotFoundError:
-        return False
+# -- where run() works ---------------------------------------------------------------------------
+def test_run_inside_a_running_event_loop_returns_the_result() -> None:
+    async def main():
+        return run("t", model=_call_then_answer("noop"), tools=[tool(lambda: "x", name="noop")], log=RunLog(None))
+
+    result = asyncio.run(main())
+    assert result.stop.reason is StopReason.FINAL_ANSWER and result.final_answer == "ok"
+
+
+def test_a_heartbeat_on_the_loop_keeps_ticking_while_arun_runs(release) -> None:
+    beats: list[str] = []
+    tool_started = threading.Event()
+
+    def slowish() -> str:
+        tool_started.set()
+        release.wait(0.5)
+        return "done"
+
+    async def main():
+        stop = asyncio.Event()
+
+        async def heartbeat():
+            while not stop.is_set():
+                beats.append("tick" if tool_started.is_set() and not release.is_set() else "other")
+                await asyncio.sleep(0.01)
+
+        beat = asyncio.create_task(heartbeat())
+        result = await arun("t", model=_call_then_answer("slowish"), tools=[tool(slowish)], log=RunLog(None))
+        stop.set()
+        await beat
+        return result
+
+    result = asyncio.run(main())
+    assert result.final_answer == "ok"
+    assert beats.count("tick") >= 3  # the loop ran other tasks while the tool was running
+
+
+def test_run_from_a_thread_works() -> None:
+    box: dict = {}
+
+    def go():
+        box["r"] = run("t", model=ScriptedModel([text_reply("hi")]), log=RunLog(None))
+
+    t = threading.Thread(target=go)
+    t.start()
+    t.join(30)
+    assert box["r"].final_answer == "hi"
+
+
+def test_worker_threads_are_bounded_and_reused() -> None:
+    def noop(n: int) -> str:
+        return str(n)
+
+    for i in range(30):
+        run("t", model=ScriptedModel([calls_reply(tool_call("noop", n=i)), text_reply("ok")]),
+            tools=[tool(noop)], log=RunLog(None))
+    before = worker_threads()
+    for i in range(30):
+        run("t", model=ScriptedModel([calls_reply(tool_call("noop", n=i)), text_reply("ok")]),
+            tools=[tool(noop)], log=RunLog(None))
+    assert worker_threads() == before <= MAX_THREADS  # idle workers took the new jobs
+    assert not [t for t in threading.enumerate() if t.name in ("loopfence-ring", "loopfence-watchdog")]
+
+
+def test_cpu_seconds_of_the_run_are_reported() -> None:
+    def spin() -> str:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        return "spun"
+
+    result = run("t", model=_call_then_answer("spin"), tools=[tool(spin)], log=RunLog(None))
+    assert result.cpu_s is not None and result.cpu_s >= 0.05
 
 
 def test_the_callers_context_vars_reach_the_model_and_tools() -> None:
-    import contextvars
-
     request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
     seen: list[str] = []
 
@@ -323,19 +504,7 @@ def test_the_callers_context_vars_reach_the_model_and_tools() -> None:
     assert seen == ["req-42", "req-42", "req-42"]
 
 
-def test_a_run_that_cannot_go_on_after_a_timeout_raises_and_the_watchdog_survives(monkeypatch, release):
-    real_submit = _driver._submit
+def test_the_thread_takeover_driver_is_gone() -> None:
+    import importlib.util
 
-    def no_thread_for_the_rest(ctl, value, exc):
-        if value is not None:  # the watchdog handing on the timeout result
-            raise RuntimeError("can't start new thread")
-        real_submit(ctl, value, exc)
-
-    monkeypatch.setattr(_driver, "_submit", no_thread_for_the_rest)
-    with pytest.raises(RuntimeError, match="can't start new thread"):
-        run("t", model=_hang_then_answer(), tools=[_hang_tool(release)], limits=Limits(tool_timeout_s=0.2),
-            log=RunLog(None))
-    monkeypatch.setattr(_driver, "_submit", real_submit)
-    result = run("t", model=_hang_then_answer(), tools=[_hang_tool(release)],
-                 limits=Limits(tool_timeout_s=0.2), log=RunLog(None))
-    assert result.stop.reason is StopReason.FINAL_ANSWER  # the watchdog still answers timeouts
+    assert importlib.util.find_spec("loopfence._driver") is None

@@ -408,6 +408,24 @@ def test_a_bug_in_a_guard_ends_named_and_says_it_is_internal(ws):
         def before_request(self, s):
             raise ZeroDivisionError("oops")
 
-    result, _, _ = _go(ws, [text_reply("x")], guards=[Broken()])
-    assert result.stop.reason is StopReason.ENDPOINT_ERROR
-    assert "internal error in loopfence" in result.stop.detail and "traceback" in result.stop.data
+    from loopfence.runlog import reconcile
+
+    result, events, _ = _go(ws, [text_reply("x")], guards=[Broken()])
+    assert result.stop.reason is StopReason.INTERNAL_ERROR
+    assert "internal error in loopfence" in result.stop.detail and "ZeroDivisionError" in result.stop.data["traceback"]
+    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "internal_error"
+    assert reconcile(ws.parent / "run.jsonl").ok
+
+
+def test_a_model_raising_system_exit_ends_the_run_cancelled_then_exits(tmp_path):
+    """The stop line is written whatever escapes; the exit asked for still happens after it."""
+    from loopfence.runlog import reconcile
+
+    log = tmp_path / "run.jsonl"
+    with pytest.raises(SystemExit) as info:
+        run("task", model=_Raising(SystemExit(7)), tools=[], log=log)
+    assert info.value.code == 7
+    last = read_log(log)[-1]
+    assert last["event"] == "stop" and last["reason"] == str(StopReason.CANCELLED)
+    assert "SystemExit(7)" in last["detail"]
+    assert reconcile(log).ok

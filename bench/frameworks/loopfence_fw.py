@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import asyncio
+
 import loopfence
 from loopfence import Limits, Reply, Request, tool
+from loopfence import arun as lf_arun
 from loopfence import run as lf_run
 from loopfence.testing import calls_reply, text_reply, tool_call
 
@@ -38,25 +41,37 @@ class SourceModel:
                  for j, (name, raw) in enumerate(calls_of(turn))]
         return Reply.from_response(calls_reply(*calls))
 
+    async def acomplete(self, request: Request) -> Reply:  # as ScriptedModel: no worker thread
+        return self.complete(request)
+
     def describe(self) -> dict[str, Any]:
         return {"kind": "bench-script", "script": self.source.script.name}
 
 
+class SyncSourceModel(SourceModel):
+    """The same with only a sync `complete` (a diagnostic): it runs on a worker thread each step."""
+
+    acomplete = None  # type: ignore[assignment]
+
+
 def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False,
-            inline_tools: bool = False) -> Callable[[], Outcome]:
+            inline_tools: bool = False, sync_model: bool = False, entry: str = "run") -> Callable[[], Outcome]:
     """Build the tools now; the returned call runs the loop (this is what the overhead section times).
 
-    inline_tools (a diagnostic): no tool timeout and no wall clock, so no deadline is armed per call.
+    Diagnostics: inline_tools: the tools run inline on the loop (no worker thread, no timeout);
+    sync_model: the model offers only a sync `complete` (a worker thread per request);
+    entry "arun": `asyncio.run(arun(...))` instead of `run(...)`.
     """
     source = Source(script, cap)
-    tools = [tool(fn, kind=script.kinds.get(name, "side_effect")) for name, fn in ws.tools.items()]
+    isolation = "inline" if inline_tools else None
+    tools = [tool(fn, kind=script.kinds.get(name, "side_effect"), isolation=isolation) for name, fn in ws.tools.items()]
     limits = UNBOUNDED if unbounded else Limits()
-    if inline_tools:
-        limits = limits.replace(tool_timeout_s=None, max_wall_seconds=None)
+    model = (SyncSourceModel if sync_model else SourceModel)(source)
 
     def go() -> Outcome:
-        result = lf_run("Do the task.", model=SourceModel(source), tools=tools, limits=limits,
-                        log=ws.root / "loopfence-run.jsonl")  # a real file, flushed per event
+        args = dict(model=model, tools=tools, limits=limits,
+                    log=ws.root / "loopfence-run.jsonl")  # a real file, flushed per event
+        result = asyncio.run(lf_arun("Do the task.", **args)) if entry == "arun" else lf_run("Do the task.", **args)
         ended = "cap" if source.capped else f"{result.stop.reason} ({result.verdict})"
         return Outcome(source.calls, ws.executions, ended, result.final_answer)
 

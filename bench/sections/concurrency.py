@@ -9,6 +9,7 @@ the whole process's CPU per step.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from collections import Counter
 import tempfile
@@ -19,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from loopfence import Reply, Request, run as lf_run, tool
+from loopfence import Reply, Request, arun as lf_arun, run as lf_run, tool
 from loopfence.models._openai import OpenAIModel
 from loopfence.testing import calls_reply, text_reply, tool_call
 from loopfence.testing._fakeserver import FakeServer
@@ -121,6 +122,45 @@ def _level(srv: FakeServer, n: int, log_dir: Path) -> tuple[list[RunCost], float
     return done, wall, cpu
 
 
+def _async_level(srv: FakeServer, n: int, log_dir: Path) -> tuple[list[RunCost], float, float]:
+    """n `arun()`s at once on one event loop, sharing one OpenAIModel (one connection pool)."""
+    tools = [tool(noop)]
+
+    async def main() -> list[Any]:
+        model = OpenAIModel(srv.base_url, "fake")
+        try:
+            return await asyncio.gather(*(lf_arun("Do the task.", model=model, tools=tools,
+                                                  log=log_dir / f"arun-{n}-{k}.jsonl") for k in range(n)))
+        finally:
+            await model.aclose()
+
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    results = asyncio.run(main())
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return [RunCost(r.ledger.model_requests, r.cpu_s or 0.0, 0.0, r.final_answer == "done", str(r.stop.reason))
+            for r in results], wall, cpu
+
+
+def _async_rows(srv: FakeServer, levels: tuple[int, ...], tmp: Path) -> tuple[list[list[str]], dict[int, Any]]:
+    rows, data = [], {}
+    _async_level(srv, 2, tmp)  # warm-up
+    for n in levels:
+        costs, wall, cpu = [], 0.0, 0.0
+        for _ in range(-(-MIN_RUNS // n)):
+            c, w, p = _async_level(srv, n, tmp)
+            costs, wall, cpu = costs + c, wall + w, cpu + p
+        steps = sum(c.steps for c in costs)
+        ring = statistics.median(c.cpu_s / c.steps * 1e6 for c in costs if c.steps)
+        answered = sum(c.answered for c in costs)
+        threads = threading.active_count()
+        rows.append([f"{n:,}", f"{answered:,}/{len(costs):,}", f"{steps:,}", f"{cpu / steps * 1e6:,.0f}",
+                     f"{ring:,.0f}", f"{wall / steps * 1e6:,.0f}", f"{threads}"])
+        data[n] = {"runs": n, "answered": answered, "steps": steps, "process_cpu_s": cpu, "ring_us": ring,
+                   "harness_us": cpu / steps * 1e6,
+                   "wall_s": wall, "threads_after": threads}
+    return rows, data
+
+
 def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
     cfg = FULL if not quick else QUICK
     rows, data, notes = [], {}, []
@@ -146,6 +186,8 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
                          f"{wall / steps * 1e6:,.0f}", f"{cpu / steps * 1e6:,.0f}"])
             data[n] = {"runs": n, "answered": answered, "steps": steps, "harness_us": harness,
                        "ring_us": statistics.median(ring), "wall_s": wall, "process_cpu_s": cpu}
+        async_rows, async_data = _async_rows(srv, cfg["levels"], Path(tmp))
+        data.update({f"arun-{n}": v for n, v in async_data.items()})
     md = "\n\n".join([
         f"Each run: {cfg['steps']} no-op calls with fresh arguments, then an answer "
         f"({cfg['steps'] + 1} model requests, JSON replies). Goal: harness cost per step growing less "
@@ -156,5 +198,11 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
                "of which ring µs/step", "growth vs 1", "wall µs/step (amortized)",
                "process CPU µs/step"], rows),
         *notes,
+        "The same through `arun()`: all runs of a level at once on one event loop, one OpenAIModel "
+        "(httpx.AsyncClient, one connection pool). Harness CPU per step here is the whole process's "
+        "(the ring, the async client, and the in-process FakeServer's threads: everything); the ring "
+        "column is RunResult.cpu_s (the ring on the loop and its sync no-op tool on a worker thread).",
+        table(["concurrent arun()s", "answered", "model requests", "process CPU µs/step",
+               "ring µs/step", "wall µs/step (amortized)", "threads after"], async_rows),
     ])
     return Section(TITLE, md, data)

@@ -75,8 +75,9 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
     cfg = QUICK if quick else FULL
     ns, reps = cfg["ns"], cfg["reps"]
     variants = [(name, fw, {}) for name, fw in frameworks.items()]
-    if "loopfence" in frameworks:  # diagnostic: the same ring with tools run inline (no thread)
-        variants.insert(1, ("loopfence_inline", frameworks["loopfence"], {"inline_tools": True}))
+    if "loopfence" in frameworks:  # arun(), and diagnostics: tools inline, a sync-only model
+        lf = frameworks["loopfence"]
+        variants[1:1] = [(name, lf, options) for name, options in _VARIANTS.items()]
     per_step: dict[str, dict[int, float]] = {}
     peaks: dict[str, float] = {}
     for name, fw, options in variants:
@@ -93,10 +94,12 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
         f"{GOAL_US} µs per step, flat in N; at most {GOAL_MIB} MiB at 1,000 steps.",
         table(["framework", *(f"µs/step @{n}" for n in ns), f"growth {ns[0]}→{ns[-1]}",
                f"peak MiB @{ns[-1]}"], rows),
-        "`loopfence (tools inline)` is a diagnostic, not a default: `tool_timeout_s=None` and "
-        "`max_wall_seconds=None`, so no deadline is armed with the watchdog for each call. With the "
-        "defaults, tools also run on the ring's own thread; the timeout is kept by one watchdog thread "
-        "that takes the run over only if a deadline passes (no thread hand-off per call).",
+        "`loopfence` is `run()` (its own event loop on the calling thread), `loopfence arun()` is "
+        "`asyncio.run(arun(...))`. The script model offers `acomplete` (as ScriptedModel does) and the "
+        "no-op tool is a sync function, so each step has one worker-thread hand-off (the tool, under "
+        "its deadline). Diagnostics, not defaults: `(tools inline)` runs the tool on the loop "
+        "(`isolation=\"inline\"`: no thread, no timeout); `(sync model)` gives the model only a sync "
+        "`complete`, a second hand-off per step.",
     ]
     data: dict[str, Any] = {"ns": list(ns), "reps": reps, "per_step_us": per_step, "peak_mib": peaks}
     if "loopfence" in frameworks:
@@ -108,5 +111,11 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
     return Section(TITLE, "\n\n".join(parts), data)
 
 
+_VARIANTS = {"loopfence_arun": {"entry": "arun"}, "loopfence_inline": {"inline_tools": True},
+             "loopfence_sync_model": {"sync_model": True}}
+_LABELS = {"loopfence_arun": "loopfence arun()", "loopfence_inline": "loopfence (tools inline)",
+           "loopfence_sync_model": "loopfence (sync model)"}
+
+
 def _label(frameworks: dict[str, ModuleType], name: str) -> str:
-    return "loopfence (tools inline)" if name == "loopfence_inline" else frameworks[name].NAME
+    return _LABELS.get(name) or frameworks[name].NAME

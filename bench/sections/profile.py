@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
-
-from loopfence import _driver, _loop
 
 from ..common import CAP, Workspace
 from ..scripts import overhead_script
@@ -20,24 +17,13 @@ def loopfence_profile(fw: ModuleType, n: int) -> str | None:
         return None
     with Workspace() as ws:
         go = fw.prepare(overhead_script(n), ws, cap=CAP, unbounded=True)
-        profiler = Profiler(interval=0.0005)
-        _loop.run_to_end = _on_this_thread  # pyinstrument samples only the thread it started on
+        profiler = Profiler(interval=0.0005)  # samples this thread: the event loop the ring runs on
         profiler.start()
         try:
             go()
         finally:
             profiler.stop()
-            _loop.run_to_end = _driver.run_to_end
     text = profiler.output_text(unicode=False, color=False, flat=True, flat_time="self")
     lines = [line for line in text.splitlines() if line.strip()]
     body = [line for line in lines if not line.lstrip().startswith(("_", "/", "Recorded", "Program"))]
     return "\n".join(body[:MAX_LINES])
-
-
-def _on_this_thread(gen: Any) -> tuple[Any, float]:
-    """The ring driven on the calling thread (a run's ring normally runs on a runner thread)."""
-    ctl = _driver._Ctl(gen)
-    _driver._drive(ctl, None, None)
-    if ctl.error is not None:
-        raise ctl.error
-    return ctl.result, sum(ctl.cpu)

@@ -3,6 +3,7 @@
     from loopfence import run, Limits, ScriptedModel, tool
     result = run("Read app/config.py", model=ScriptedModel([...]), tools=[...])
     result.stop.reason, result.verdict, result.ledger
+    result = await arun(...)  # the core, on a running event loop (same arguments and result)
 """
 
 from typing import Any
@@ -11,7 +12,7 @@ from ._compact import Compaction
 from ._gate import UntrustedGate, approve_all, deny_all
 from ._guards import Guard
 from ._limits import Ledger, LedgerSnapshot, Limits, Policy
-from ._loop import run
+from ._loop import arun, run
 from ._messages import Reply, Request, ToolCall, Usage
 from ._stops import RunResult, Stop, StopReason, Verdict
 from .models import Model, ScriptedModel
@@ -22,7 +23,7 @@ __all__ = [
     "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model", "OpenAIModel",
     "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "ScriptedModel", "Stop",
     "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate", "Usage", "Verdict",
-    "approve_all", "deny_all", "run", "tool", "workspace_tools",
+    "approve_all", "arun", "deny_all", "run", "tool", "workspace_tools",
 ]
 __version__ = "0.1.0"
 

@@ -15,12 +15,13 @@ untrusted content arrives, and `allowed` / `approved` / `refused` for each privi
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ._driver import interruptible
+from ._aio import Expired, in_thread, within
 from ._guards import Guard
 from ._json import canonical_json
 from ._printable import printable
@@ -126,7 +127,7 @@ class UntrustedGate(Guard):
                 prov.mark_changed()  # what it wrote now is untrusted, for later runs too
         return None
 
-    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> ToolResult | None:
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Any:
         if (prov := self.provenance(s)) is not None:
             prov.ensure_scanned()  # before anything runs: the workspace as the run found it
         if not self.is_privileged(c.tool):
@@ -136,10 +137,19 @@ class UntrustedGate(Guard):
             _event(s, step, c, "allowed", "no untrusted content in context")
             return None
         reason = self.taint.reason()
+        if self.approve is None:
+            _event(s, step, c, "refused", reason)
+            return refusal("permission_denied", reason=reason)
+        return self._ask(s, step, c, self.approve, reason)  # the ring awaits it
+
+    async def _ask(self, s: RunState, step: int, c: CheckedCall, hook: ApprovalHook, reason: str) -> ToolResult | None:
+        """The hook may block on a person: it runs on a worker thread (an `async def` hook is awaited),
+        bounded by the run's clock, so Ctrl-C or a cancel meanwhile still ends the run, named."""
         try:
-            hook = self.approve
-            # a hook may block on a person: Ctrl-C meanwhile still ends the run, named
-            ok = bool(interruptible(lambda: hook(c, reason))) if hook is not None else False
+            asked = hook(c, reason) if inspect.iscoroutinefunction(hook) else in_thread(hook, c, reason)
+            ok = bool(await within(s.deadline(), asked))
+        except Expired:
+            ok, reason = False, f"{reason}; no answer from the approval hook within max_wall_seconds"
         except Exception as exc:  # noqa: BLE001 - a broken hook fails closed
             ok, reason = False, f"{reason}; approval hook failed: {type(exc).__name__}: {exc}"
         if ok:

@@ -2,12 +2,15 @@
 
 Phases: before_request (budgets are preconditions), on_reply (observe what was asked),
 before_execution (per call, before it runs or is reused; may also return a ToolResult made with
-`tools.refusal(...)`: that call is refused, the model receives the result, and the run goes on),
+`tools.refusal(...)`: that call is refused, the model receives the result, and the run goes on;
+or an awaitable of either, for a decision that waits on something (the gate's approval hook): the
+ring awaits it, then the later guards run),
 after_execution (per result), after_turn (once every call of a reply has its result).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from ._contract import requested_max_tokens
@@ -244,8 +247,13 @@ class Guards(Guard):
         for phase in self._on_reply:
             phase(s, calls)
 
-    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | ToolResult | None:
-        return _first(self._before_execution, s, c, reuse)
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Any:
+        """A Stop, a ToolResult, None, or (when a guard's decision waits) an awaitable of one."""
+        phases = self._before_execution
+        for i, phase in enumerate(phases):
+            if x := phase(s, c, reuse):
+                return _then(x, phases[i + 1:], s, c, reuse) if inspect.isawaitable(x) else x
+        return None
 
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
         return _first(self._after_execution, s, c, r)
@@ -257,6 +265,18 @@ class Guards(Guard):
 def _first(phases: tuple[Any, ...], *args: Any) -> Any:
     for phase in phases:
         if x := phase(*args):
+            return x
+    return None
+
+
+async def _then(pending: Any, rest: tuple[Any, ...], *args: Any) -> Any:
+    """The first guard's awaited decision, then the guards after it, awaiting as they ask."""
+    if x := await pending:
+        return x
+    for phase in rest:
+        if (x := phase(*args)) and inspect.isawaitable(x):
+            x = await x
+        if x:
             return x
     return None
 

@@ -5,19 +5,19 @@ Policies live in guards (_guards.py) and the contract (_contract.py); this modul
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import json
 import time
 import traceback
 import uuid
-from collections.abc import Generator, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ._aio import CTRL_C, METER, Expired, Meter, in_thread, interrupted, prefers_async, run_sync, within
 from ._compact import Compaction
 from ._contract import CheckedCall, ContractResult, check_reply, requested_max_tokens
-from ._driver import Op, interrupted, run_to_end
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard, Guards, default_guards
 from ._json import MAX_DEPTH, depth, loggable
@@ -26,11 +26,36 @@ from ._messages import Reply, Request
 from ._state import RunState
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import Model
-from .runlog._writer import FORMAT, VERSION, LogWriteError, RunLog
+from .runlog._writer import FORMAT, VERSION, Abandoned, LogWriteError, RunLog
 from .tools._executor import Executor, ToolResult, error_result
 from .tools._registry import Registry, Tool, ToolKind
 
-__all__ = ["run", "drive", "new_state"]
+__all__ = ["run", "arun", "drive", "adrive", "new_state"]
+
+
+async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: Limits | None = None,
+               policy: Policy | None = None, system: str | None = None, params: dict[str, Any] | None = None,
+               log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
+               executor: Executor | None = None, header: dict[str, Any] | None = None,
+               gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
+               compaction: Compaction | None = None) -> RunResult:
+    """Run the fenced loop until it stops for a named reason: the core, on the running event loop.
+    Every operation (model request, token count, tool, approval) is awaited under the run's limits:
+    an async adapter (`acomplete`, `acount_tokens`, an `async def` tool) is awaited and cancelled at
+    its deadline; a sync one runs on a worker thread and the run goes on without it at the deadline.
+
+    Never raises for a stop; raises LogWriteError (an OSError) when the log cannot be written.
+    Cancelling the task that awaits it (or an `asyncio.timeout` around it) ends the run `cancelled`:
+    nothing new starts, the call in flight is cancelled or killed (its result `outcome_unknown`),
+    every other requested call is answered `not_executed`, the stop line is written, and then
+    CancelledError propagates, as asyncio expects (the stop is in the log: `runlog.read_log`).
+    A SystemExit raised inside (by a model or a guard) ends the run `cancelled` and then propagates;
+    a bug inside loopfence ends it `internal_error` with the traceback in the stop's data.
+    Arguments as `run()`.
+    """
+    state, runlog, guard, exe = _start(task, model, tools, limits, policy, system, params, log, guards,
+                                       executor, header, gate, approve, compaction)
+    return await adrive(state, model, runlog, guard, exe)
 
 
 def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: Limits | None = None,
@@ -39,12 +64,25 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
         executor: Executor | None = None, header: dict[str, Any] | None = None,
         gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
         compaction: Compaction | None = None) -> RunResult:
-    """Run the fenced loop until it stops for a named reason. Never raises for a stop; raises
+    """Run the fenced loop until it stops for a named reason (`arun()` on an event loop of its own;
+    inside a running event loop, on a helper thread). Never raises for a stop; raises
     LogWriteError (an OSError) when the log cannot be written, ending the run where its log ends.
+    Ctrl-C ends the run `cancelled` and returns its result (a second Ctrl-C raises KeyboardInterrupt).
 
     gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
     compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables).
     """
+    state, runlog, guard, exe = _start(task, model, tools, limits, policy, system, params, log, guards,
+                                       executor, header, gate, approve, compaction)
+    return drive(state, model, runlog, guard, exe)
+
+
+def _start(task: str, model: Model, tools: Iterable[Tool] | Registry, limits: Limits | None,
+           policy: Policy | None, system: str | None, params: dict[str, Any] | None,
+           log: RunLog | str | Path | None, guards: list[Guard] | None, executor: Executor | None,
+           header: dict[str, Any] | None, gate: UntrustedGate | None, approve: ApprovalHook | None,
+           compaction: Compaction | None) -> tuple[RunState, RunLog, Guards, Executor]:
+    """The run's state, and its log with the header written."""
     registry = tools if isinstance(tools, Registry) else Registry(tools)
     task, system = loggable(task), system and loggable(system)  # as the header reads back (replay)
     messages = ([{"role": "system", "content": system}] if system else []) + \
@@ -60,7 +98,7 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
                          **t.schema()} for t in registry],
                  model=_describe(model), gate=gate.describe(), compaction=state.compaction.to_json(),
                  **_tool_info(registry), **(header or {}))
-    return drive(state, model, runlog, default_guards(state.limits, guards, gate), executor or Executor())
+    return state, runlog, default_guards(state.limits, guards, gate), executor or Executor()
 
 
 def _tool_info(registry: Registry) -> dict[str, Any]:
@@ -76,31 +114,60 @@ def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[s
 
 
 def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
-    """Run the ring from the current state to a stop; write the stop as the log's last line.
-    The ring runs on a runner thread that also performs its model calls and tools (see _driver)."""
-    result: RunResult
-    result, cpu_s = run_to_end(_drive(s, model, log, guards, executor))
-    return dataclasses.replace(result, cpu_s=round(cpu_s, 6))
+    """`adrive` from sync code (replay, resume, run()); Ctrl-C or a cancel returns the cancelled result."""
+    return run_sync(_to_stop(s, model, log, guards, executor))[0]
 
 
-def _drive(s: RunState, model: Model, log: RunLog, guards: Guards,
-           executor: Executor) -> Generator[Op, Any, RunResult]:
+async def adrive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
+    """Run the ring from the current state to a stop; the stop is the log's last line. Cancelled:
+    the run ends `cancelled`, then CancelledError propagates."""
+    result, cancel = await _to_stop(s, model, log, guards, executor)
+    if cancel is not None:
+        raise cancel
+    return result
+
+
+async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
+                   executor: Executor) -> tuple[RunResult, asyncio.CancelledError | None]:
+    """The run to its stop, whatever happens inside; (its result, the cancel that ended it)."""
     final: list[str | None] = [None, None]  # final answer, partial text of a cut-off reply
     s.log = log
-    s.token_counter = getattr(model, "count_tokens", None)  # exact counts when the model offers them
+    ops = _Ops(model, executor, s)
+    meter = Meter()
+    metered = METER.set(meter)
+    stop: Stop | None = None
+    cancel: asyncio.CancelledError | None = None
+    exiting: BaseException | None = None
     try:
-        stop = yield from _ring(s, model, log, guards, executor, final)
+        stop = await _ring(s, ops, log, guards, final)
     except StopError as exc:
         stop = exc.stop
+    except asyncio.CancelledError as exc:
+        cancel = exc
+        stop = Stop(StopReason.CANCELLED, CTRL_C if exc.args == (CTRL_C,) else "cancelled: the task awaiting the run was cancelled")
     except KeyboardInterrupt:
-        stop = Stop(StopReason.CANCELLED, "interrupted (Ctrl-C)")
-    except LogWriteError:  # nothing more can be logged: the run ends here, its log resumable
+        stop = Stop(StopReason.CANCELLED, CTRL_C)
+    except (LogWriteError, Abandoned):  # nothing more can be logged, or the log is not ours to end
         log.close()
         raise
-    except Exception as exc:  # noqa: BLE001 - even a bug in loopfence must end the run named
-        stop = Stop(StopReason.ENDPOINT_ERROR, f"internal error in loopfence, please report it: "
+    except SystemExit as exc:  # an exit asked for inside the run: the run ends named, then it exits
+        exiting = exc
+        stop = Stop(StopReason.CANCELLED, f"SystemExit({exc.code!r}) was raised inside the run")
+    except BaseException as exc:  # noqa: BLE001 - even a bug in loopfence must end the run named
+        stop = Stop(StopReason.INTERNAL_ERROR, f"internal error in loopfence, please report it: "
                     f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
-    for call in list(s.pending):  # every requested call gets exactly one result
+    finally:
+        METER.reset(metered)
+        if stop is not None:
+            result = _finish(s, log, stop, final)
+    if exiting is not None:
+        raise exiting
+    return _with_cpu(result, meter.cpu), cancel
+
+
+def _finish(s: RunState, log: RunLog, stop: Stop, final: list[str | None]) -> RunResult:
+    """Every requested call gets exactly one result; the stop is the log's last line."""
+    for call in list(s.pending):
         if call is s.in_flight:  # its intent is logged and it may have acted: never "not run"
             _record(s, log, call, error_result("outcome_unknown", side_effects="may have happened",
                     message=f"interrupted while running: the run stopped ({stop.reason})"),
@@ -117,9 +184,35 @@ def _drive(s: RunState, model: Model, log: RunLog, guards: Guards,
     return RunResult(stop, final[0], ledger, tuple(s.messages), log.path, final[1])
 
 
-def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor,
-          final: list[str | None]) -> Generator[Op, Any, Stop]:
+def _with_cpu(result: RunResult, cpu: float) -> RunResult:
+    return RunResult(result.stop, result.final_answer, result.ledger, result.messages, result.log_path,
+                     result.partial_text, round(cpu, 6))
+
+
+class _Ops:
+    """The run's operations, each awaited under its deadline: async adapters are awaited, sync ones
+    run on a worker thread (the most derived of a pair wins: see prefers_async)."""
+
+    def __init__(self, model: Model, executor: Executor, s: RunState) -> None:
+        self.complete: Callable[[Request], Awaitable[Reply]] = \
+            model.acomplete if prefers_async(model, "complete", "acomplete") else \
+            (lambda request: in_thread(model.complete, request))  # type: ignore[attr-defined]
+        count: Any = None
+        if prefers_async(model, "count_tokens", "acount_tokens"):
+            count = model.acount_tokens  # type: ignore[attr-defined]
+        elif callable(sync := getattr(model, "count_tokens", None)):
+            count = lambda messages, tools: in_thread(sync, messages, tools)  # noqa: E731
+        self.count = count
+        s.counts_tokens = count is not None  # exact counts when the model offers them
+        self.execute: Callable[..., Awaitable[ToolResult]] = \
+            executor.aexecute if prefers_async(executor, "execute", "aexecute") else \
+            (lambda t, args, timeout_s: in_thread(executor.execute, t, args, timeout_s))
+
+
+async def _ring(s: RunState, ops: _Ops, log: RunLog, guards: Guards, final: list[str | None]) -> Stop:
     while True:
+        if s.needs_count():
+            await _count(s, ops)
         if stop := guards.before_request(s):
             return stop
         estimate = s.next_prompt_estimate()
@@ -128,7 +221,7 @@ def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
                   n_messages=len(request.messages), prompt_estimate=estimate, params=request.params)
         s.ledger.model_requests += 1
         started = time.monotonic()
-        reply = yield from _send(model, request)  # send
+        reply = await _send(s, ops, request)  # send
         prompt, completion = s.remember(reply, estimate)  # remember
         log.write("reply", step=request.step, raw=reply.raw, complete=reply.complete,
                   problem=reply.problem, finish_reason=reply.finish_reason,
@@ -143,9 +236,11 @@ def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
         for c in calls:  # run tools: one execution = one count
             cached = s.cache.get(c.key) if c.tool.kind is ToolKind.READ_ONLY else None
             verdict = guards.before_execution(s, c, cached is not None)
+            if isinstance(verdict, Awaitable):  # a decision that waits (the gate's approval hook)
+                verdict = await verdict
             if isinstance(verdict, Stop):
                 return verdict
-            result = verdict or (cached.as_reused() if cached else (yield from _execute(s, log, executor, c)))
+            result = verdict or (cached.as_reused() if cached else await _execute(s, log, ops, c))
             s.cache.record(c.tool, c.key, result)
             _record(s, log, c.call, result, c.key, logged_intent=result.decision == "executed")
             results.append(result)
@@ -155,32 +250,32 @@ def _ring(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Exec
             return stop
 
 
-class _Send(Op):
-    __slots__ = ("model", "request")
-
-    def __init__(self, model: Model, request: Request) -> None:
-        self.model, self.request = model, request
-
-    def run(self) -> Reply:
-        return self.model.complete(self.request)
-
-
-class _Execute(Op):
-    __slots__ = ("executor", "tool", "args", "timeout_s")
-
-    def __init__(self, executor: Executor, t: Tool, args: dict[str, Any], timeout_s: float | None) -> None:
-        self.executor, self.tool, self.args, self.timeout_s = executor, t, args, timeout_s
-
-    def run(self) -> ToolResult:
-        return self.executor.execute(self.tool, self.args, self.timeout_s)
-
-
-def _send(model: Model, request: Request) -> Generator[Op, Any, Reply]:
-    """One request. Whatever an adapter raises ends the run as endpoint_error, never as a traceback;
-    so does a reply nested too deep for the log to record and read back."""
+async def _count(s: RunState, ops: _Ops) -> None:
+    """The model's own count of the next prompt, bounded by the run's clock; a courtesy: whatever
+    goes wrong, the estimate holds."""
+    if interrupted():
+        raise KeyboardInterrupt
     try:
-        reply = yield _Send(model, request)
-    except (StopError, KeyboardInterrupt):
+        counted = await within(s.deadline(), ops.count(s.view.messages, s.registry.schemas()))
+    except (Expired, Exception):  # noqa: BLE001
+        counted = None
+    s.set_count(counted)
+
+
+async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
+    """One request. Whatever an adapter raises ends the run as endpoint_error, never as a traceback;
+    so does a reply nested too deep for the log to record and read back. Past max_wall_seconds the
+    run goes on without the request (it stops max_wall_seconds)."""
+    if interrupted():
+        raise KeyboardInterrupt
+    try:
+        reply = await within(s.deadline(), ops.complete(request))
+    except Expired:
+        limit, elapsed = s.limits.max_wall_seconds, s.elapsed()
+        raise StopError(StopReason.MAX_WALL_SECONDS, f"{elapsed:.2f}s elapsed: the model request was still "
+                        f"running at max_wall_seconds={limit:g}; the run went on without it",
+                        limit=limit, value=round(elapsed, 3)) from None
+    except StopError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise StopError(StopReason.ENDPOINT_ERROR,
@@ -230,14 +325,14 @@ def _violation_result(body: dict[str, Any]) -> ToolResult:
     return ToolResult(json.dumps(body, ensure_ascii=False), False, "rejected", error=body["error"])
 
 
-def _execute(s: RunState, log: RunLog, executor: Executor, c: CheckedCall) -> Generator[Op, Any, ToolResult]:
+async def _execute(s: RunState, log: RunLog, ops: _Ops, c: CheckedCall) -> ToolResult:
     if interrupted():
         raise KeyboardInterrupt
     s.in_flight = c.call  # intent logged, outcome not yet: a stop now leaves it outcome_unknown
     log.write("call", step=s.ledger.model_requests, tool_call_id=c.call.id, name=c.tool.name,
               raw_arguments=c.call.raw_arguments, arguments=c.args, key=c.key, kind=str(c.tool.kind),
               decision="executed", intent=True)
-    result = yield _Execute(executor, c.tool, c.args, s.tool_timeout())
+    result = await ops.execute(c.tool, c.args, s.tool_timeout())
     s.in_flight = None
     return result
 

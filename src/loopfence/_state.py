@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,9 +35,10 @@ class RunState:
     log: Any = None  # the RunLog, so guards and gates can write their own events
     chain: str = ""  # running hash over the conversation: request fingerprints in O(1) per message
     compaction: Compaction = field(default_factory=Compaction)  # shapes the outgoing view only
-    token_counter: Callable[[list[dict[str, Any]], list[dict[str, Any]]], int | None] | None = None
+    counts_tokens: bool = False  # the model counts prompts itself: the ring awaits its count (set_count)
     view: OutgoingView = field(init=False, repr=False)  # what is sent: messages, old results stubbed
     _estimate: tuple[tuple[Any, ...], int] = ((), 0)
+    _count: tuple[int, int | None] = (-1, None)  # (view.version, the model's own count of that prompt)
     _sent: tuple[int, int] = (0, 0)  # (view.added, view.saved) when the last request was built
     _anchor: tuple[int, int, int] | None = None  # _sent at the last request with reported usage + its tokens
     _chars: int = 0
@@ -85,21 +85,25 @@ class RunState:
         """Size of the outgoing prompt (after compaction) plus the tool schemas, in `text_units`."""
         return self.view.size + self._tools_units
 
+    def needs_count(self) -> bool:
+        """The model counts prompts and has not counted this one yet (the ring awaits `set_count`)."""
+        return self.counts_tokens and self._count[0] != self.view.version
+
+    def set_count(self, counted: Any) -> None:
+        """The model's count of the outgoing prompt; anything but a positive int means no count."""
+        ok = isinstance(counted, int) and not isinstance(counted, bool) and counted > 0
+        self._count = (self.view.version, counted if ok else None)
+
     def next_prompt_estimate(self) -> int:
-        """Tokens of the next (compacted) prompt: the model's own count when it offers one
-        (`count_tokens(messages, tools)`); else the last prompt the endpoint counted plus what came
-        since (new content at a cautious ratio, elided content at the calibrated one); before any
-        count, units over the ratio. Memoized per conversation version."""
+        """Tokens of the next (compacted) prompt: the model's own count when it gave one
+        (`set_count`); else the last prompt the endpoint counted plus what came since (new content
+        at a cautious ratio, elided content at the calibrated one); before any count, units over the
+        ratio. Memoized per conversation version."""
         key = (self.view.version, self.estimator.chars_per_token, self._anchor)
         if self._estimate[0] == key:
             return self._estimate[1]
-        counted = None
-        if self.token_counter is not None:
-            try:
-                counted = self.token_counter(self.view.messages, self.registry.schemas())
-            except Exception:  # noqa: BLE001 - counting is a courtesy; the estimate still holds
-                counted = None
-        value = counted if isinstance(counted, int) and counted > 0 else self._estimate_units()
+        counted = self._count[1] if self._count[0] == self.view.version else None
+        value = counted if counted is not None else self._estimate_units()
         self._estimate = (key, value)
         return value
 

@@ -31,6 +31,7 @@ class StopReason(StrEnum):
     CONTEXT_OVERFLOW = "context_overflow"
     ENDPOINT_ERROR = "endpoint_error"
     CANCELLED = "cancelled"
+    INTERNAL_ERROR = "internal_error"  # a bug inside loopfence (or a guard): the traceback is in the data
 
 
 class Verdict(StrEnum):
@@ -75,7 +76,7 @@ class RunResult:
     messages: tuple[dict[str, Any], ...]
     log_path: str | None = None
     partial_text: str | None = None
-    cpu_s: float | None = None  # CPU seconds of the threads that ran the ring (its model calls and tools included)
+    cpu_s: float | None = None  # CPU seconds of the ring's own code and of its blocking operations' worker threads
 
     @property
     def reason(self) -> StopReason:

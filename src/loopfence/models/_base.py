@@ -1,7 +1,21 @@
 """The Model protocol: one request in, one assistant reply out.
 
+Required: `complete(request) -> Reply` (sync) and `describe()`. Optional, found by name:
+
+- `async def acomplete(request) -> Reply`: the async form. The ring awaits it when present;
+  otherwise it runs `complete` in a worker thread under the run's deadline (a sync adapter that
+  overruns is left behind: the run goes on without it, and the log says so). An `acomplete` must
+  honour cancellation: cancelling the awaiting task (the run's deadline, Ctrl-C) stops its work
+  promptly (closes its request) and lets CancelledError propagate.
+- `count_tokens(messages, tools) -> int | None` and/or `async def acount_tokens(messages, tools)`:
+  the prompt's exact token count (None: unknown, the ring estimates). The async one is preferred.
+
 A model signals a stop it cannot recover from (endpoint errors, context overflow, a broken
-stream that yields nothing) by raising `StopError`; the ring turns it into a value.
+stream that yields nothing) by raising `StopError`; the ring turns it into a value. Any other
+exception is a bug in the adapter (the ring names it endpoint_error). `request.deadline`, when
+set, is the `time.monotonic()` the run ends at: an adapter may stop early with max_wall_seconds
+(rather than start work it cannot finish), but the ring enforces it whatever the adapter does.
+`loopfence.testing.check_model` checks an adapter against all of this.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,13 @@ class LocalModel:
     """A `Model` running llama.cpp in this process. Deterministic: fixed seed, temperature 0.
 
     `request.params` may override `max_tokens`, `temperature`, `seed` and `tool_choice` per request.
-    llama.cpp cannot be interrupted mid-generation, so `max_tokens` stays modest and a request
-    whose deadline has already passed is not started.
+
+    Sync only (no `acomplete`): generation is one blocking C call, so the async ring runs
+    `complete` in a worker thread. A deadline or a cancel cannot interrupt llama.cpp mid-token:
+    the run goes on without the request, which finishes in the background (bounded by
+    `max_tokens`, which stays modest). One generation at a time: a later request waits for it (a
+    llama.cpp context is not thread-safe), and a request whose deadline has passed, before or
+    while it waited, is not started.
     """
 
     def __init__(self, model_path: str | Path | None = None, *, chat_format: str = "chatml-function-calling",
@@ -74,6 +80,7 @@ class LocalModel:
         # half the cores, at most 4: llama.cpp threads that share a busy core slow down many-fold
         self.n_threads = n_threads or min(4, max(1, (os.cpu_count() or 2) // 2))
         self._llm: Any = None  # llama_cpp.Llama, loaded on first use
+        self._busy = threading.Lock()  # one generation at a time (an abandoned one may still run)
 
     def load(self) -> Any:
         """Load the model (about a second); later calls return the loaded one."""
@@ -84,8 +91,12 @@ class LocalModel:
         return self._llm
 
     def complete(self, request: Request) -> Reply:
-        if request.deadline is not None and time.monotonic() >= request.deadline:
-            raise StopError(StopReason.MAX_WALL_SECONDS, "no time left for a local model request")
+        _check_time(request)
+        with self._busy:
+            _check_time(request)
+            return self._generate(request)
+
+    def _generate(self, request: Request) -> Reply:
         llm = self.load()
         params = request.params
         kwargs: dict[str, Any] = {
@@ -117,6 +128,11 @@ class LocalModel:
         return {"kind": "local", "model": self.model_path.name, "chat_format": self.chat_format,
                 "n_ctx": self.n_ctx, "seed": self.seed, "temperature": self.temperature,
                 "max_tokens": self.max_tokens, "n_threads": self.n_threads}
+
+
+def _check_time(request: Request) -> None:
+    if request.deadline is not None and time.monotonic() >= request.deadline:
+        raise StopError(StopReason.MAX_WALL_SECONDS, "no time left for a local model request")
 
 
 def _capped_llama_class() -> type:

@@ -7,6 +7,7 @@ and refuses it if it changed. A model made from a list carries its replies inlin
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -61,10 +62,27 @@ class ScriptedModel:
         return self.offset + len(self.requests)
 
     def complete(self, request: Request) -> Reply:
-        i = self.offset + len(self.requests)
-        self.requests.append(request)
+        i = self._take(request)
         if self.delay_s > 0:
             time.sleep(self.delay_s)
+        return self._reply(i)
+
+    async def acomplete(self, request: Request) -> Reply:
+        """`complete` for the async ring: the delay is awaited (a cancel ends it at once). A subclass
+        that overrides only `complete` gets it, run in a worker thread as any sync model's is."""
+        if type(self).complete is not ScriptedModel.complete:
+            return await asyncio.to_thread(self.complete, request)
+        i = self._take(request)
+        if self.delay_s > 0:
+            await asyncio.sleep(self.delay_s)
+        return self._reply(i)
+
+    def _take(self, request: Request) -> int:
+        i = self.offset + len(self.requests)
+        self.requests.append(request)
+        return i
+
+    def _reply(self, i: int) -> Reply:
         if i >= len(self.replies) and not self.repeat_last:
             raise StopError(StopReason.ENDPOINT_ERROR, f"script exhausted after {len(self.replies)} replies")
         item = self.replies[min(i, len(self.replies) - 1)]

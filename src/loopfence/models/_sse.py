@@ -11,10 +11,11 @@ its trailing blank line is common.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["SSEEvent", "iter_events", "iter_lines", "parse_events", "DONE"]
+__all__ = ["SSEEvent", "EventParser", "LineSplitter", "iter_events", "iter_lines", "aiter_events", "parse_events",
+           "DONE"]
 
 DONE = "[DONE]"
 _EOL = re.compile(r"\r\n|\r|\n")
@@ -28,56 +29,108 @@ class SSEEvent:
     id: str | None = None
 
 
-def iter_events(lines: Iterable[str]) -> Iterator[SSEEvent]:
-    """Events from lines (no line terminators needed; a trailing `\\r` or `\\n` is stripped)."""
-    data: list[str] = []
-    event = ""
-    last_id: str | None = None
-    seen = False  # any field of the pending event
-    for raw in lines:
+class EventParser:
+    """Push-style SSE parsing: `feed(line)` returns the event a blank line completes, `close()`
+    the one still pending when the input ends. `iter_events` and the async reader share it."""
+
+    __slots__ = ("_data", "_event", "_id", "_seen")
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+        self._event = ""
+        self._id: str | None = None  # the last id seen (it carries over to later events)
+        self._seen = False  # any field of the pending event
+
+    def feed(self, raw: str) -> SSEEvent | None:
         line = raw.rstrip("\r\n")
         if not line:
-            if data:
-                yield SSEEvent("\n".join(data), event or "message", last_id)
-            data, event, seen = [], "", False
-            continue
+            out = SSEEvent("\n".join(self._data), self._event or "message", self._id) if self._data else None
+            self._data, self._event, self._seen = [], "", False
+            return out
         if line[0] == ":":
-            continue
+            return None
         if line[0] == " ":
             line = line.lstrip(" ")
             if not line or line[0] == ":":
-                continue
+                return None
         name, sep, value = line.partition(":")
         if sep and value[:1] == " ":
             value = value[1:]
-        seen = True
+        self._seen = True
         if name == "data":
-            data.append(value)
+            self._data.append(value)
         elif name == "event":
-            event = value
+            self._event = value
         elif name == "id":
-            last_id = value
-    if seen and data:
-        yield SSEEvent("\n".join(data), event or "message", last_id)
+            self._id = value
+        return None
+
+    def close(self) -> SSEEvent | None:
+        if self._seen and self._data:
+            return SSEEvent("\n".join(self._data), self._event or "message", self._id)
+        return None
+
+
+class LineSplitter:
+    """Push-style line splitting of raw body bytes: `feed(chunk)` returns the lines it completes,
+    `close()` the unterminated rest. Only CR, LF and CRLF end a line (not the other
+    `str.splitlines` breaks, which may sit inside a JSON string); a line is decoded once complete,
+    so a UTF-8 character split across network reads is fine."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        if not chunk:
+            return []
+        buf = self._buf + chunk
+        hold = buf.endswith(b"\r")  # maybe the first half of CRLF
+        parts = _EOL_B.split(buf[:-1] if hold else buf)
+        self._buf = parts.pop() + (b"\r" if hold else b"")
+        return [part.decode("utf-8", "replace") for part in parts]
+
+    def close(self) -> list[str]:
+        buf, self._buf = self._buf, b""
+        return [part.decode("utf-8", "replace") for part in _EOL_B.split(buf)] if buf else []
+
+
+def iter_events(lines: Iterable[str]) -> Iterator[SSEEvent]:
+    """Events from lines (no line terminators needed; a trailing `\\r` or `\\n` is stripped)."""
+    parser = EventParser()
+    for raw in lines:
+        ev = parser.feed(raw)
+        if ev is not None:
+            yield ev
+    last = parser.close()
+    if last is not None:
+        yield last
 
 
 def iter_lines(chunks: Iterable[bytes]) -> Iterator[str]:
-    """Lines from raw body bytes as they arrive. Only CR, LF and CRLF end a line (not the other
-    `str.splitlines` breaks, which may sit inside a JSON string); a line is decoded once complete,
-    so a UTF-8 character split across network reads is fine. The unterminated rest comes last."""
-    buf = b""
+    """Lines from raw body bytes as they arrive (see LineSplitter); the unterminated rest comes last."""
+    splitter = LineSplitter()
     for chunk in chunks:
-        if not chunk:
-            continue
-        buf += chunk
-        hold = buf.endswith(b"\r")  # maybe the first half of CRLF
-        parts = _EOL_B.split(buf[:-1] if hold else buf)
-        buf = parts.pop() + (b"\r" if hold else b"")
-        for part in parts:
-            yield part.decode("utf-8", "replace")
-    if buf:
-        for part in _EOL_B.split(buf):
-            yield part.decode("utf-8", "replace")
+        yield from splitter.feed(chunk)
+    yield from splitter.close()
+
+
+async def aiter_events(chunks: AsyncIterable[bytes]) -> AsyncIterator[SSEEvent]:
+    """Events from raw body bytes as they arrive over an async stream (the same rules)."""
+    splitter, parser = LineSplitter(), EventParser()
+    async for chunk in chunks:
+        for line in splitter.feed(chunk):
+            ev = parser.feed(line)
+            if ev is not None:
+                yield ev
+    for line in splitter.close():
+        ev = parser.feed(line)
+        if ev is not None:
+            yield ev
+    last = parser.close()
+    if last is not None:
+        yield last
 
 
 def parse_events(text: str) -> list[SSEEvent]:

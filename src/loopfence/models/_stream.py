@@ -19,7 +19,7 @@ choice at all is an endpoint error (empty choices). None of these yields a call.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,11 +217,16 @@ def assemble_sse(text: str, *, tools: Iterable[str] = ()) -> Reply:
     return assemble_events(parse_events(text), StreamEnd(tools=tuple(tools)))
 
 
-def assemble_events(events: Iterable[SSEEvent], end: StreamEnd | None = None) -> Reply:
-    """SSE events -> Reply. A live reader passes its own `end` and sets `end.problem` when the
-    transport fails (the events simply stop); it is read after the last event."""
+def assemble_events(events: Iterable[SSEEvent], end: StreamEnd | None = None, *,
+                    cut: Callable[[int], str] | None = None) -> Reply:
+    """SSE events -> Reply. A live reader passes its own `end` and either sets `end.problem` when
+    the transport fails (the events simply stop; it is read after the last event), or, having read
+    the events first, passes `cut`: why the transport failed after them, given the chunks used. It
+    applies only where the events did not end the stream themselves ([DONE], a bad chunk)."""
     end = end or StreamEnd()
     parts = _gather(chunks_from_events(events, end))
+    if cut is not None and not end.done and not end.problem:
+        end.problem = cut(end.chunks)
     return _finish(parts, end.done, end.problem)
 
 

@@ -1,11 +1,11 @@
 """Prompt tokens as a llama.cpp server counts them: `POST /apply-template`, then `POST /tokenize`.
 
-`OpenAIModel.count_tokens` uses this so the ring's pre-send check (max_prompt_tokens,
+`OpenAIModel.acount_tokens` (and its sync `count_tokens`) uses this so the ring's pre-send check (max_prompt_tokens,
 context_window) sees the server's own number instead of an estimate. The server is recognised once
 with `GET /props` (llama.cpp's server answers it with its settings; OpenAI and most others do not):
 if it does not answer like llama.cpp, the counter answers None for the rest of its life and the run
 keeps its calibrated estimate. A failed count is None too, never an exception: counting is a
-courtesy, the estimate still holds.
+courtesy, the estimate still holds. Async: the model passes the client of the loop it runs on.
 """
 
 from __future__ import annotations
@@ -20,27 +20,26 @@ __all__ = ["ServerTokenCounter"]
 class ServerTokenCounter:
     """Counts a chat prompt (messages + tools) with a llama.cpp server's template and tokenizer."""
 
-    def __init__(self, client: httpx.Client, base_url: str, headers: dict[str, str] | None = None,
-                 timeout_s: float = 5.0) -> None:
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 5.0) -> None:
         root = base_url.rstrip("/")
         self.root = root[: -len("/v1")] if root.endswith("/v1") else root  # llama.cpp: /tokenize at the root
-        self.client = client
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.available: bool | None = None  # None: not probed yet
         self.failures = 0
 
-    def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int | None:
+    async def count(self, client: httpx.AsyncClient, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]]) -> int | None:
         if self.available is None:
-            self.available = self._probe()
+            self.available = await self._probe(client)
         if not self.available:
             return None
         try:
             body: dict[str, Any] = {"messages": messages}
             if tools:
                 body["tools"] = tools
-            prompt = self._post("/apply-template", body)["prompt"]
-            tokens = self._post("/tokenize", {"content": prompt, "add_special": True})["tokens"]
+            prompt = (await self._post(client, "/apply-template", body))["prompt"]
+            tokens = (await self._post(client, "/tokenize", {"content": prompt, "add_special": True}))["tokens"]
             if not isinstance(prompt, str) or not isinstance(tokens, list):
                 raise TypeError("unexpected /apply-template or /tokenize answer")
             return len(tokens)
@@ -50,16 +49,16 @@ class ServerTokenCounter:
                 self.available = False
             return None
 
-    def _probe(self) -> bool:
+    async def _probe(self, client: httpx.AsyncClient) -> bool:
         try:
-            r = self.client.get(f"{self.root}/props", headers=self.headers, timeout=self.timeout_s)
+            r = await client.get(f"{self.root}/props", headers=self.headers, timeout=self.timeout_s)
             data = r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return False
         return isinstance(data, dict) and "default_generation_settings" in data
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        r = self.client.post(f"{self.root}{path}", json=body, headers=self.headers, timeout=self.timeout_s)
+    async def _post(self, client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = await client.post(f"{self.root}{path}", json=body, headers=self.headers, timeout=self.timeout_s)
         r.raise_for_status()
         data = r.json()
         if not isinstance(data, dict):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._aio import in_thread, prefers_async
 from .._json import dumps
 from .._messages import Reply, Request
 from .._state import RunState
@@ -31,7 +32,7 @@ from ..tools._executor import Executor, ToolResult
 from ..tools._registry import Tool, ToolKind
 from ._events import CallEvent, Event, ReplyEvent, RequestEvent, ResultEvent, StopEvent
 from ._rebuild import RecordedFn
-from ._writer import RunLog
+from ._writer import Abandoned, RunLog
 
 __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
            "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "comparable", "outcome_unknown"]
@@ -62,7 +63,7 @@ class Divergence:
                 f"  got: {show(self.got)}")
 
 
-class PlaybackSignal(BaseException):
+class PlaybackSignal(Abandoned):
     """Ends a playback from inside the ring (BaseException: the ring must not turn it into a stop)."""
 
 
@@ -256,6 +257,16 @@ class PlaybackModel:
     def complete(self, request: Request) -> Reply:
         if self.log.live is not None and self.live is not None:
             return self.live.complete(request)
+        return self._recorded(request)
+
+    async def acomplete(self, request: Request) -> Reply:
+        if self.log.live is not None and self.live is not None:
+            live = self.live
+            return await (live.acomplete(request) if prefers_async(live, "complete", "acomplete")  # type: ignore[attr-defined]
+                          else in_thread(live.complete, request))
+        return self._recorded(request)
+
+    def _recorded(self, request: Request) -> Reply:
         nxt = None if self.log.detached else self.log.rec.peek()
         if isinstance(nxt, ReplyEvent):
             return nxt.reply()
@@ -269,6 +280,18 @@ class PlaybackModel:
         if self.log.live is not None:
             fn = getattr(self.live, "count_tokens", None)
             return fn(messages, tools) if callable(fn) else None
+        return self._estimate()
+
+    async def acount_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int | None:
+        live = self.live
+        if self.log.live is not None:
+            if prefers_async(live, "count_tokens", "acount_tokens"):
+                return await live.acount_tokens(messages, tools)  # type: ignore[union-attr, no-any-return]
+            fn = getattr(live, "count_tokens", None)
+            return await in_thread(fn, messages, tools) if callable(fn) else None
+        return self._estimate()
+
+    def _estimate(self) -> int | None:
         nxt = None if self.log.detached else self.log.rec.peek()
         return nxt.prompt_estimate if isinstance(nxt, RequestEvent) else None
 
@@ -289,14 +312,14 @@ class PlaybackExecutor(Executor):
         self.ran: list[str] = []  # tools that really ran
         self.unknown: list[str] = []  # tool_call_ids answered with outcome_unknown
 
-    def execute(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
+    async def aexecute(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
         log = self.log
         if log.live is not None:
             intent, log.unknown_intent = log.unknown_intent, None
             if intent is not None and t.kind is ToolKind.SIDE_EFFECT:
                 self.unknown.append(intent.tool_call_id)
                 return outcome_unknown(t, intent)
-            return self._run(t, args, timeout_s)
+            return await self._run(t, args, timeout_s)
         nxt = None if log.detached else log.rec.peek()
         interrupted = log.rec.stop_ahead() if isinstance(nxt, ResultEvent) and \
             nxt.error == "outcome_unknown" else None
@@ -308,18 +331,21 @@ class PlaybackExecutor(Executor):
                 violation = stop.detail if stop is not None and stop.reason == "schema_mismatch" and \
                     log.rec.pos == log.rec.settled else None
                 return nxt.tool_result(violation)
-            return self._run(t, args, timeout_s)
+            return await self._run(t, args, timeout_s)
         stop = log.rec.stop_ahead() if not log.detached else None
         if stop is not None:  # the recorded run was interrupted while this tool ran
             raise StopError(StopReason(stop.reason), stop.detail, **stop.data)
         raise RecordingEnded(log.step(), f"{t.name} is to run, and the recording has no result for it")
 
-    def _run(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
+    async def _run(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
         if self.live is None or isinstance(t.fn, RecordedFn):
             raise RecordingEnded(self.log.step(), f"{t.name} has no recorded result and cannot run here")
         if t.name not in self.ran:
             self.ran.append(t.name)
-        return self.live.execute(t, args, timeout_s)
+        live = self.live
+        if prefers_async(live, "execute", "aexecute"):
+            return await live.aexecute(t, args, timeout_s)
+        return await in_thread(live.execute, t, args, timeout_s)
 
 
 class PlaybackApproval:

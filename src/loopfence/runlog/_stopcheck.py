@@ -212,7 +212,7 @@ _RULES: dict[str, Rule] = {
     StopReason.INCOMPLETE_STREAM: _incomplete, StopReason.INVALID_JSON: _violation,
     StopReason.SCHEMA_MISMATCH: _violation, StopReason.UNKNOWN_TOOL: _violation,
     StopReason.CONTEXT_OVERFLOW: _overflow, StopReason.ENDPOINT_ERROR: _not_a_limit,
-    StopReason.CANCELLED: _not_a_limit,
+    StopReason.CANCELLED: _not_a_limit, StopReason.INTERNAL_ERROR: _not_a_limit,
 }
 
 

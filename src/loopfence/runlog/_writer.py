@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from .._json import dumps
 
-__all__ = ["RunLog", "LogWriteError", "FORMAT", "VERSION", "EVENT_KINDS"]
+__all__ = ["RunLog", "LogWriteError", "Abandoned", "FORMAT", "VERSION", "EVENT_KINDS"]
 
 FORMAT = "loopfence.runlog"
 VERSION = 1
@@ -32,6 +32,11 @@ class LogWriteError(OSError):
             "once the log can be written" if lines else ""
         super().__init__(f"cannot write the run log {path}: {why}; the run was stopped{tail}")
         self.path, self.lines = path, lines
+
+
+class Abandoned(BaseException):
+    """Ends the driving of a run with no stop line: the log is not this run's to finish (playback
+    raises a subclass when the run it drives left the recording). BaseException: never a stop."""
 
 
 class RunLog:

@@ -5,33 +5,88 @@ Errors raised inside a tool never escape: they become `{"ok": false, "error": ki
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import inspect
 import json
-import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .._driver import Slot, take_slot
+from .._aio import Expired, in_thread, run_sync, within
 from .._json import canonical_json, fingerprint, loggable
 from ._registry import Tool, ToolKind
 
 __all__ = ["ToolResult", "ToolOutput", "Executor", "ResultCache", "error_result", "refusal",
-           "DEFAULT_RESULT_CAP", "time_left", "SELF_TIMED_GRACE_S"]
+           "DEFAULT_RESULT_CAP", "time_left", "on_cancel", "SELF_TIMED_GRACE_S"]
 
 DEFAULT_RESULT_CAP = 16_000
 SELF_TIMED_GRACE_S = 3.0  # a self-timed tool (run_command) gets this long past its timeout to report
-_call = threading.local()  # the deadline of the tool call running in this thread
+
+
+class _Call:
+    """The tool call running in this context: its deadline (`time_left`) and how to stop its work
+    (`on_cancel`) when the run goes on without it."""
+
+    __slots__ = ("deadline", "hooks", "stopped", "lock")
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self.hooks: list[Callable[[], Any]] = []
+        self.stopped = False
+        self.lock = threading.Lock()
+
+    def run(self, fn: Callable[..., Any], args: dict[str, Any]) -> tuple[str, Any]:
+        """On the worker thread, in the job's own context copy (an async def in its own loop there)."""
+        _CALL.set(self)
+        status, value = _invoke(fn, args)
+        if status == "ok" and inspect.iscoroutine(value):
+            return _invoke(run_sync, {"coro": value})
+        return status, value
+
+    def add(self, hook: Callable[[], Any]) -> None:
+        with self.lock:
+            if not self.stopped:
+                self.hooks.append(hook)
+                return
+        _quietly(hook)  # the run already went on without this call
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped, hooks = True, list(self.hooks)
+        for hook in hooks:
+            _quietly(hook)
+
+
+def _quietly(hook: Callable[[], Any]) -> None:
+    try:
+        hook()
+    except Exception:  # noqa: BLE001, S110 - best effort: the run goes on either way
+        pass
+
+
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("loopfence_tool_call", default=None)
 
 
 def time_left() -> float | None:
     """Seconds the current tool call has left (tool_timeout_s, bounded by the run's wall clock);
     None when unbounded. A self-timed tool caps its own timeout with this."""
-    deadline = getattr(_call, "deadline", None)
+    call = _CALL.get()
+    deadline = None if call is None else call.deadline
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def on_cancel(hook: Callable[[], Any]) -> None:
+    """Register how to stop the current tool call's work (e.g. kill its process group): called, from
+    another thread, if the run goes on without the call (its timeout passed, or the run was
+    cancelled). Outside a tool call it does nothing."""
+    call = _CALL.get()
+    if call is not None:
+        call.add(hook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,29 +150,27 @@ def cap_text(text: str, cap: int | None) -> str:
 
 
 class Executor:
-    """Runs a tool under a timeout and turns whatever happens into a ToolResult."""
+    """Runs a tool under a timeout and turns whatever happens into a ToolResult.
+
+    isolation "thread": a sync function on a worker thread (at the timeout the run goes on without
+    it), an `async def` awaited and cancelled at the timeout; "process": a child process whose tree
+    is killed at the timeout or on cancel; "inline": on the loop, no timeout.
+    """
 
     def __init__(self, result_cap: int | None = DEFAULT_RESULT_CAP) -> None:
         self.result_cap = result_cap
 
     def execute(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
-        start = time.monotonic()
-        slot = take_slot()  # set when the ring's runner performs this call (None for nested calls)
-        if t.isolation == "process":
-            from ._process import run_in_process  # local import: only process tools pay for it
+        """The blocking form of `aexecute` (a tool that runs another tool, a script)."""
+        return run_sync(self.aexecute(t, args, timeout_s))
 
-            # a Ctrl-C that takes the run over kills the child's tree through slot.on_cancel
-            told = None if slot is None else partial(setattr, slot, "on_cancel")
-            status, value = run_in_process(t.fn, args, timeout_s, on_start=told)
-        elif t.isolation == "inline":
-            status, value = _run_in_thread(t.fn, args, None)
-        else:
-            grace = SELF_TIMED_GRACE_S if t.self_timed and timeout_s is not None else 0.0
-            if slot is not None and timeout_s is not None:  # the ring's runner: no hand-off
-                status, value = _run_here(t.fn, args, slot, start + timeout_s, grace,
-                                          lambda: self._timed_out(t, timeout_s, time.monotonic() - start))
-            else:
-                status, value = _run_in_thread(t.fn, args, timeout_s, grace)
+    async def aexecute(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
+        start = time.monotonic()
+        deadline = None if timeout_s is None else start + timeout_s
+        try:
+            status, value = await _perform(t, args, deadline, timeout_s)
+        except Expired:
+            status, value = "timeout", None
         duration = time.monotonic() - start
         if status == "timeout":
             return self._timed_out(t, timeout_s, duration)
@@ -139,10 +192,45 @@ class Executor:
 
     def _timed_out(self, t: Tool, timeout_s: float | None, duration: float) -> ToolResult:
         stopped = "the work was stopped" if t.isolation == "process" else \
+            "it was cancelled" if t.isolation == "async" else \
             "the waiting was stopped; an in-thread tool cannot be killed and may still be running"
         res = error_result("timeout", tool=t.name, timeout_s=timeout_s, message=(
             f"{t.name} did not finish within {timeout_s:g}s; {stopped}"))
         return replace(res, duration_s=duration, untrusted=t.untrusted)
+
+
+async def _perform(t: Tool, args: dict[str, Any], deadline: float | None,
+                   timeout_s: float | None) -> tuple[str, Any]:
+    """(status, value): "ok" and the return value, "error" and the exception, or "timeout"; Expired
+    when the deadline passed first. Cancellation propagates after the work was stopped."""
+    if t.isolation == "process":
+        from ._process import arun_in_process  # local import: only process tools pay for it
+
+        return await arun_in_process(t.fn, args, timeout_s)  # its clock starts with the child
+    if t.isolation == "inline":
+        return await _awaited(t.fn, args) if t.is_async else _invoke(t.fn, args)
+    call = _Call(deadline)
+    try:
+        if t.isolation == "async":
+            token = _CALL.set(call)
+            try:
+                return await within(deadline, _awaited(t.fn, args))
+            finally:
+                _CALL.reset(token)
+        grace = SELF_TIMED_GRACE_S if t.self_timed and deadline is not None else 0.0
+        return await within(None if deadline is None else deadline + grace, in_thread(call.run, t.fn, args))
+    except BaseException:  # Expired, cancelled: the run goes on without it; stop what can be stopped
+        call.stop()
+        raise
+
+
+async def _awaited(fn: Callable[..., Any], args: dict[str, Any]) -> tuple[str, Any]:
+    try:
+        return "ok", await fn(**args)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a raising tool (even SystemExit) is data
+        return "error", exc
 
 
 def _check_result(t: Tool, value: Any) -> str | None:
@@ -173,18 +261,6 @@ def _error_kind(exc: BaseException) -> str:
     return "tool_error"
 
 
-def _run_here(fn: Any, args: dict[str, Any], slot: Slot, deadline: float, grace: float,
-              on_timeout: Any) -> tuple[str, Any]:
-    """Run on this (the ring's) thread; past the deadline the watchdog answers the ring with
-    `on_timeout()` and the run goes on elsewhere while this thread finishes the tool unobserved."""
-    slot.arm(deadline + grace, on_timeout)
-    outer, _call.deadline = getattr(_call, "deadline", None), deadline
-    try:
-        return _invoke(fn, args)
-    finally:
-        _call.deadline = outer
-
-
 def _invoke(fn: Any, args: dict[str, Any]) -> tuple[str, Any]:
     try:
         return "ok", fn(**args)
@@ -192,48 +268,6 @@ def _invoke(fn: Any, args: dict[str, Any]) -> tuple[str, Any]:
         raise
     except BaseException as exc:  # noqa: BLE001 - a raising tool (even SystemExit) is data
         return "error", exc
-
-
-def _run_in_thread(fn: Any, args: dict[str, Any], timeout_s: float | None,
-                   grace: float = 0.0) -> tuple[str, Any]:
-    if timeout_s is None:
-        return _invoke(fn, args)
-    try:
-        worker = _IDLE.pop()
-    except IndexError:  # (not `if _IDLE`: another thread may take the last one in between)
-        worker = _Worker()
-    deadline = time.monotonic() + timeout_s
-    worker.jobs.put((fn, args, deadline))
-    try:
-        outcome = worker.results.get(timeout=max(timeout_s, 0.0) + grace)
-    except queue.Empty:
-        return "timeout", None  # the worker is abandoned: it may still be running the tool
-    _IDLE.append(worker)
-    return outcome
-
-
-class _Worker:
-    """A reusable daemon thread for in-thread tools: starting a thread per call costs more than
-    the rest of a step. A worker whose tool timed out is never reused."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[tuple[Any, dict[str, Any], float]] = queue.SimpleQueue()
-        self.results: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        threading.Thread(target=self._loop, daemon=True, name="loopfence-tool").start()
-
-    def _loop(self) -> None:
-        while True:
-            fn, args, deadline = self.jobs.get()
-            _call.deadline = deadline
-            try:
-                outcome: tuple[str, Any] = ("ok", fn(**args))
-            except BaseException as exc:  # noqa: BLE001 - a raising tool is data
-                outcome = ("error", exc)
-            _call.deadline = None
-            self.results.put(outcome)
-
-
-_IDLE: list[_Worker] = []  # list.pop/append are atomic: concurrent runs share the pool safely
 
 
 class ResultCache:

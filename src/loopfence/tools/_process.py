@@ -10,17 +10,20 @@ fire while the child is still in this process's group, where the group kill woul
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import inspect
 import multiprocessing as mp
 import os
 import signal
+import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
+from .._aio import Expired, run_sync, within
 from ._reap import MARKER_ENV, exited, kill_tree
 
-__all__ = ["run_in_process", "KILL_GRACE_S", "READY_S"]
+__all__ = ["run_in_process", "arun_in_process", "KILL_GRACE_S", "READY_S"]
 
 KILL_GRACE_S = 0.5
 READY_S = 30.0  # how long a forked child may take to set itself up before the call gives up on it
@@ -33,7 +36,8 @@ def _child(conn: Any, fn: Any, args: dict[str, Any], marker: str, parent_pid: in
     _die_with_parent(parent_pid)
     try:
         conn.send(("ready", None))  # the parent starts the timeout clock only now: a kill finds us
-        conn.send(("ok", fn(**args)))
+        value = fn(**args)
+        conn.send(("ok", asyncio.run(value) if inspect.iscoroutine(value) else value))
     except BaseException as exc:  # noqa: BLE001
         try:
             conn.send(("error", exc))
@@ -53,13 +57,24 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _ready(conn: Any) -> bool:
-    """Wait for the child's "ready" (sent after setsid and the marker); False if it died first."""
-    if not conn.poll(READY_S):
-        return False
+async def _readable(conn: Any) -> None:
+    """Until the pipe has data or is closed (the child answered, or died)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    fd = conn.fileno()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
     try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _ready(conn: Any) -> bool:
+    """Wait for the child's "ready" (sent after setsid and the marker); False if it died first."""
+    try:
+        await within(time.monotonic() + READY_S, _readable(conn))
         return bool(conn.recv()[0] == "ready")
-    except EOFError:
+    except (Expired, EOFError):
         return False
 
 
@@ -76,28 +91,33 @@ def _kill_all(pid: int, marker: str) -> None:
         _kill(pid)
 
 
-def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None,
-                   on_start: Callable[[Callable[[], None]], None] | None = None) -> tuple[str, Any]:
-    """on_start(kill): told how to kill the child's tree from another thread (a Ctrl-C)."""
+def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:
+    """The blocking form of `arun_in_process`."""
+    return run_sync(arun_in_process(fn, args, timeout_s))
+
+
+async def arun_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:
+    """(status, value) of `fn(**args)` in a child process: "ok", "error" or "timeout". The child's
+    whole tree is killed when the call ends, however it ends: returned, raised, timed out, or the
+    awaiting cancelled (the cancel propagates once the tree is gone)."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     marker = uuid.uuid4().hex
     proc = ctx.Process(target=_child, args=(child, fn, args, marker, os.getpid()), daemon=True)
     proc.start()
     child.close()
-    if on_start is not None and proc.pid:
-        on_start(lambda: _kill_all(proc.pid, marker))
     status: tuple[str, Any] | None = None
     try:
-        if not _ready(parent):
+        if not await _ready(parent):
             status = None  # the child died (or never got going) before it could run the tool
-        elif parent.poll(timeout_s):
-            try:
+        else:
+            try:  # the timeout clock starts now: the child is in its own group, where a kill finds it
+                await within(None if timeout_s is None else time.monotonic() + timeout_s, _readable(parent))
                 status = parent.recv()
+            except Expired:
+                status = ("timeout", None)
             except EOFError:
                 status = None  # the child died without an answer
-        else:
-            status = ("timeout", None)
     finally:
         # before any join: an unreaped child keeps its pid, so the group id cannot be reused
         if proc.pid:

@@ -37,12 +37,13 @@ class _Strict(BaseModel):
 class Tool:
     """One tool. Build from a function with `tool(fn, ...)` or from a JSON schema with `Tool.from_schema`.
 
-    isolation: "thread" (the default) runs the function on the ring's own thread under the timeout;
-    at the timeout the run goes on without it (on a fresh thread), so the timeout stops the waiting,
-    NOT the work (Python threads cannot be killed). "process" runs it in a child process that is
-    killed at the timeout, so the work stops too (arguments and result must be picklable). "inline"
-    runs it with NO timeout: for pure, fast functions only; the run's clock is checked again after
-    it returns.
+    isolation: "async" (the default for an `async def` function) awaits it on the run's event loop
+    and cancels it at the timeout. "thread" (the default otherwise) runs it on a worker thread (an
+    `async def` one in its own event loop there); at the timeout the run goes on without it, so the
+    timeout stops the waiting, NOT the work (Python threads cannot be killed). "process" runs it in
+    a child process whose process group is killed at the timeout or when the run is cancelled, so
+    the work stops too (arguments and result must be picklable). "inline" runs it on the event loop
+    with NO timeout: for pure, fast functions only; the run's clock is checked again after it returns.
     """
 
     name: str
@@ -52,12 +53,23 @@ class Tool:
     kind: ToolKind = ToolKind.SIDE_EFFECT
     result_model: type[BaseModel] | None = None
     untrusted: bool = False
-    isolation: str = "thread"
+    isolation: str = ""  # "" -> "async" for an async def function, else "thread"
     privileged: bool = False
     args_model: type[BaseModel] | None = field(default=None, repr=False)
     self_timed: bool = False  # stops its own work by `time_left()`; the executor waits a grace past it
     info: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # for the log header
     provenance: Any = field(default=None, repr=False, compare=False)  # the workspace's, for the gate
+    is_async: bool = field(init=False, default=False, repr=False, compare=False)  # fn is an async def
+
+    def __post_init__(self) -> None:
+        is_async = _is_async(self.fn)
+        object.__setattr__(self, "is_async", is_async)
+        if not self.isolation:
+            object.__setattr__(self, "isolation", "async" if is_async else "thread")
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {self.isolation!r}")
+        if self.isolation == "async" and not is_async:
+            raise ValueError(f"tool {self.name}: isolation 'async' needs an async def function")
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI `tools[]` entry."""
@@ -88,6 +100,13 @@ class Tool:
         return cls(name, description, params, fn, **options)
 
 
+ISOLATIONS = ("async", "thread", "process", "inline")
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -104,12 +123,13 @@ def _describe(exc: ValidationError) -> str:
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind: str = "side_effect",
          description: str | None = None, result_model: type[BaseModel] | None = None,
-         untrusted: bool = False, isolation: str = "thread", privileged: bool = False,
+         untrusted: bool = False, isolation: str | None = None, privileged: bool = False,
          self_timed: bool = False) -> Any:
-    """Make a Tool from a plain function (usable bare or as `@tool(kind="read_only")`)."""
+    """Make a Tool from a plain or `async def` function (usable bare or as `@tool(kind="read_only")`).
+    isolation None: "async" for an async def function, else "thread" (see Tool)."""
 
-    if isolation not in ("thread", "process", "inline"):
-        raise ValueError(f"isolation must be 'thread', 'process' or 'inline', got {isolation!r}")
+    if isolation is not None and isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
 
     def build(f: Callable[..., Any]) -> Tool:
         sig = inspect.signature(f)
@@ -127,7 +147,7 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind:
         params["additionalProperties"] = False
         doc = description if description is not None else inspect.getdoc(f) or ""
         return Tool(name or f.__name__, doc, params, f, ToolKind(kind), result_model, untrusted,
-                    isolation, privileged, model, self_timed)
+                    isolation or "", privileged, model, self_timed)
 
     return build(fn) if fn is not None else build
 

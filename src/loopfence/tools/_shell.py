@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ._cgroup import TreeCgroup
-from ._executor import time_left
+from ._executor import on_cancel, time_left
 from ._reap import MARKER_ENV, exited, kill_tree
 from ._sandbox import SandboxPlan, plan
 from ._seccomp import program
@@ -236,6 +236,7 @@ class Shell:
         except OSError as exc:
             return _error("command_failed_to_start", f"{type(exc).__name__}: {exc}")
         _track(proc)
+        on_cancel(lambda: _kill_group(proc))  # the run went on without this call: stop the command now
         out, err = _Capture(self.output_chars), _Capture(self.output_chars)
         sel = selectors.DefaultSelector()
         for stream, sink in ((proc.stdout, out), (proc.stderr, err)):
@@ -368,7 +369,15 @@ def _track(proc: subprocess.Popen[bytes]) -> None:
 def _kill_live() -> None:
     """Interpreter exit: no command outlives loopfence."""
     for proc in list(_LIVE):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the command's group (the sandbox's PID namespace dies with it); the thread running
+    the command then reaps it and sweeps what is left (marker, cgroup) as after any end."""
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

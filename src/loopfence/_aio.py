@@ -1,0 +1,322 @@
+"""Where the ring runs: on an asyncio event loop, every operation awaited under one deadline.
+
+- `within(deadline, aw)`: the one timeout path of the package. `aw` is awaited until the monotonic
+  `deadline` (None: unbounded); past it the awaiting is cancelled and `Expired` is raised. A
+  deadline already passed starts nothing.
+- `in_thread(fn, *args)`: a blocking call (a model with only a sync `complete`, a sync tool, an
+  approval prompt) on a bounded pool of daemon worker threads, in a copy of the caller's context.
+  When the awaiting is cancelled (timeout, Ctrl-C, task cancel) the run goes on without it: a job
+  not yet started never starts; one running finishes unobserved (Python threads cannot be killed).
+- `run_sync(coro)`: the sync bridge under `run()`. A plain script or a thread gets a fresh event
+  loop on its own thread; inside a running event loop (a notebook cell, an `async def` that forgot
+  to await) the loop runs on a helper thread. On the main thread, Ctrl-C cancels the run's task
+  (the run ends `cancelled`, its log complete); a second Ctrl-C raises KeyboardInterrupt.
+- `prefers_async(obj, "complete", "acomplete")`: which of an adapter's two forms to use (the most
+  derived one: a subclass that overrides only `complete` keeps its override).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["Expired", "within", "in_thread", "run_sync", "interrupted", "prefers_async", "Meter",
+           "METER", "CTRL_C", "MAX_THREADS", "worker_threads"]
+
+T = TypeVar("T")
+CTRL_C = "interrupted (Ctrl-C)"  # the message a Ctrl-C cancels the run's task with
+MAX_THREADS = 64  # worker threads for blocking operations, shared by every run in the process
+
+
+class Expired(Exception):
+    """The deadline passed before the operation finished; the run goes on without it."""
+
+
+# -- metering: CPU of a run's own code on the loop thread, and of its jobs on workers ---------------
+class Meter:
+    """CPU seconds of one run: its ring's time on the loop thread between awaits, plus the worker
+    time of its blocking operations (an async adapter's CPU shares the loop and is not counted)."""
+
+    __slots__ = ("cpu", "_mark", "_depth")
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+        self._mark = time.thread_time()
+        self._depth = 0
+
+    def pause(self) -> None:
+        if self._depth == 0:
+            self.cpu += time.thread_time() - self._mark
+        self._depth += 1
+
+    def resume(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._mark = time.thread_time()
+
+
+METER: contextvars.ContextVar[Meter | None] = contextvars.ContextVar("loopfence_meter", default=None)
+"""The Meter of the run driven in this (task's) context."""
+
+
+# -- the one deadline ------------------------------------------------------------------------------
+async def within(deadline: float | None, aw: Awaitable[T]) -> T:
+    """Await `aw`; past the monotonic `deadline` cancel it and raise Expired (None: no deadline)."""
+    meter = METER.get()
+    if meter is not None:
+        meter.pause()
+    try:
+        if deadline is None:
+            return await aw
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if inspect.iscoroutine(aw):
+                aw.close()  # never started
+            raise Expired
+        scope = asyncio.timeout(left)
+        try:
+            async with scope:
+                return await aw
+        except TimeoutError:
+            if scope.expired():
+                raise Expired from None
+            raise  # the operation's own TimeoutError
+    finally:
+        if meter is not None:
+            meter.resume()
+
+
+# -- the worker pool -------------------------------------------------------------------------------
+class _Job:
+    __slots__ = ("fn", "args", "ctx", "loop", "future", "abandoned", "cpu")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop) -> None:
+        self.fn, self.args, self.loop = fn, args, loop
+        self.ctx = contextvars.copy_context()
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self.abandoned = False
+        self.cpu = 0.0
+
+    def run(self) -> None:
+        if self.abandoned:  # its deadline passed or its run was cancelled while it waited
+            return
+        start = time.thread_time()
+        value, error = None, None
+        try:
+            value = self.ctx.run(self.fn, *self.args)
+        except BaseException as exc:  # noqa: BLE001 - raised again where the job is awaited
+            error = exc
+        self.cpu = time.thread_time() - start
+        try:
+            self.loop.call_soon_threadsafe(_settle, self.future, value, error)
+        except RuntimeError:  # the loop is closed: the run ended without this job
+            pass
+
+
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(value)
+    elif isinstance(error, StopIteration):  # a future cannot carry one
+        future.set_exception(RuntimeError(f"StopIteration: {error}"))
+    else:
+        future.set_exception(error)
+
+
+class _Pool:
+    """At most MAX_THREADS daemon threads, started on demand and reused (an idle one takes the next
+    job). Daemon: a hung tool never keeps the process from exiting."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.idle = threading.Semaphore(0)
+        self.lock = threading.Lock()
+        self.threads = 0
+
+    def submit(self, job: _Job) -> None:
+        self.jobs.put(job)
+        if self.idle.acquire(blocking=False):
+            return
+        with self.lock:
+            if self.threads < self.size:
+                self.threads += 1
+                threading.Thread(target=self._work, daemon=True, name=f"loopfence-worker-{self.threads}").start()
+
+    def _work(self) -> None:
+        while True:
+            self.jobs.get().run()
+            self.idle.release()
+
+
+_POOL = _Pool(MAX_THREADS)
+
+
+def worker_threads() -> int:
+    """How many worker threads the pool has started (at most MAX_THREADS)."""
+    return _POOL.threads
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on a worker thread, awaited. Cancelled: the run goes on without it."""
+    job = _Job(fn, args, asyncio.get_running_loop())
+    _POOL.submit(job)
+    try:
+        return await job.future  # type: ignore[no-any-return]
+    finally:
+        job.abandoned = True  # not started yet: it never will be
+        meter = METER.get()
+        if meter is not None:
+            meter.cpu += job.cpu
+
+
+# -- which form of an adapter --------------------------------------------------------------------
+def prefers_async(obj: Any, sync_name: str, async_name: str) -> bool:
+    """Use `obj.<async_name>`: it exists and is defined at least as far down the class hierarchy as
+    `obj.<sync_name>` (a subclass overriding only the sync form keeps its override)."""
+    if not callable(getattr(obj, async_name, None)):
+        return False
+    if async_name in getattr(obj, "__dict__", ()):
+        return True
+    mro = type(obj).__mro__
+    a = next((k for k in mro if async_name in k.__dict__), None)
+    if a is None:
+        return False
+    s = next((k for k in mro if sync_name in k.__dict__), None)
+    return s is None or issubclass(a, s)
+
+
+# -- the sync bridge -----------------------------------------------------------------------------
+class _CtrlC:
+    """Ctrl-C while run() drives a loop on the main thread: the first cancels the run's task (it ends
+    `cancelled`, its log complete), a second raises KeyboardInterrupt. The signal may land on any
+    thread: a wakeup fd the loop watches gets the main thread back to run the handler at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.task: asyncio.Task[Any] | None = None
+        self.pressed = False
+        self._socks: tuple[socket.socket, socket.socket] | None = None
+        self._old_fd = -1
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return self  # not ours to handle (another thread, or the program has its own handler)
+        r, w = self._socks = socket.socketpair()
+        r.setblocking(False)
+        w.setblocking(False)
+        self.loop.add_reader(r.fileno(), self._drain)
+        self._old_fd = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._socks is None:
+            return
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.set_wakeup_fd(self._old_fd)
+        self.loop.remove_reader(self._socks[0].fileno())
+        for s in self._socks:
+            s.close()
+        self._socks = None
+
+    def _drain(self) -> None:
+        try:
+            while self._socks is not None and self._socks[0].recv(4096):
+                pass
+        except OSError:
+            pass
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+        self.loop.call_soon_threadsafe(self.cancel)
+
+    def cancel(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel(CTRL_C)
+
+
+_CTRL: contextvars.ContextVar[_CtrlC | None] = contextvars.ContextVar("loopfence_ctrl_c", default=None)
+
+
+def interrupted() -> bool:
+    """Ctrl-C arrived for the run() driving this context (checked before each operation starts, so
+    that a call never started is answered not_executed rather than outcome_unknown)."""
+    ctrl = _CTRL.get()
+    return ctrl is not None and ctrl.pressed
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to its end from sync code: on this thread, or on a helper thread when this thread
+    already runs an event loop. Never "event loop is already running"."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _on_new_loop(coro)
+    return _on_helper_thread(coro)
+
+
+def _on_new_loop(coro: Coroutine[Any, Any, T], box: dict[str, Any] | None = None) -> T:
+    loop = asyncio.new_event_loop()
+    ctrl = _CtrlC(loop)
+    ctx = contextvars.copy_context()
+    ctx.run(_CTRL.set, ctrl)
+    try:
+        task = ctrl.task = loop.create_task(coro, context=ctx)
+        if box is not None:  # the caller's thread cancels it on Ctrl-C
+            box["cancel"] = lambda: loop.call_soon_threadsafe(ctrl.cancel)
+        with ctrl:
+            return loop.run_until_complete(task)
+    finally:
+        _close(loop)
+
+
+def _close(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what is left (a second Ctrl-C left the run's task behind: it still writes its stop)."""
+    try:
+        left = asyncio.all_tasks(loop)
+        for t in left:
+            t.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+
+
+def _on_helper_thread(coro: Coroutine[Any, Any, T]) -> T:
+    box: dict[str, Any] = {}
+    ctx = contextvars.copy_context()
+
+    def go() -> None:
+        try:
+            box["value"] = ctx.run(_on_new_loop, coro, box)
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            box["error"] = exc
+
+    helper = threading.Thread(target=go, daemon=True, name="loopfence-run")
+    helper.start()
+    pressed = False
+    while helper.is_alive():
+        try:
+            helper.join()
+        except KeyboardInterrupt:  # Ctrl-C on the caller's thread: the run ends cancelled
+            if pressed or "cancel" not in box:
+                raise
+            pressed = True
+            box["cancel"]()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]

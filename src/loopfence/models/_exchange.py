@@ -1,0 +1,133 @@
+"""One HTTP attempt of OpenAIModel: send, read, map. Async; no retries and no deadline here (the
+caller, `_openai`, owns both), only the configured HTTP timeouts.
+
+An attempt returns a Reply, raises StopError (a named stop), or raises `Retry` (a failure before
+anything was used: connection errors, timeouts before a response, a retryable status, a
+non-streamed body cut short). A stream that breaks after it began is an incomplete Reply, never a
+Retry. Cancelling the awaiting task closes the request's connection (httpx drops a connection
+whose response was not read to the end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from .._json import loads
+from .._messages import Reply
+from .._stops import StopError, StopReason
+from ._errors import error_stop
+from ._pool import Pool
+from ._retry import parse_retry_after, retryable_status
+from ._sse import DONE, SSEEvent, aiter_events
+from ._stream import StreamEnd, assemble_events, reply_from_response
+
+__all__ = ["Retry", "Wire", "attempt"]
+
+
+class Retry(Exception):
+    """One failed attempt that may be retried; `stop` is what the run gets if it is not."""
+
+    def __init__(self, stop: StopError, retry_after: float | None = None) -> None:
+        super().__init__(stop.stop.detail)
+        self.stop = stop
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """What an attempt needs from its model."""
+
+    url: str
+    where: str  # the URL as it may be shown (no credentials, no query)
+    headers: dict[str, str]
+    timeout: httpx.Timeout
+    read_s: float | None  # the configured read timeout, for the message
+    redact: Callable[[str], str]
+
+
+async def attempt(pool: Pool, wire: Wire, body: dict[str, Any], tools: tuple[str, ...]) -> Reply:
+    try:
+        async with pool.slot(wire.timeout.pool) as client, \
+                client.stream("POST", wire.url, json=body, headers=wire.headers, timeout=wire.timeout) as resp:
+            return await _read(resp, wire, tools)
+    except httpx.TimeoutException as exc:
+        raise Retry(StopError(StopReason.ENDPOINT_ERROR, f"{_phase(exc)} timeout talking to {wire.where}",
+                              error=type(exc).__name__)) from None
+    except httpx.TransportError as exc:
+        raise Retry(StopError(StopReason.ENDPOINT_ERROR, f"connection error talking to {wire.where}: "
+                              f"{type(exc).__name__}: {wire.redact(str(exc))}", error=type(exc).__name__)) from None
+
+
+async def _read(resp: httpx.Response, wire: Wire, tools: tuple[str, ...]) -> Reply:
+    status = resp.status_code
+    ctype = resp.headers.get("content-type", "").lower()
+    if not 200 <= status < 300:
+        try:
+            raw = await resp.aread()
+        except httpx.HTTPError:
+            raw = b""
+        stop = error_stop(status, _json_or_text(raw), tools=tools, redact=wire.redact)
+        if retryable_status(status) and stop.stop.reason is StopReason.ENDPOINT_ERROR:
+            raise Retry(stop, parse_retry_after(resp.headers))
+        raise stop
+    if "text/event-stream" in ctype:
+        return await _read_stream(resp, wire, tools)
+    raw = await resp.aread()  # a body cut short raises a transport error: retried (nothing was used)
+    try:
+        obj = loads(raw)  # bounded: nesting and integers (a RecursionError would be a traceback)
+    except ValueError as exc:
+        raise StopError(StopReason.ENDPOINT_ERROR, f"HTTP {status}: the body is not valid JSON ({exc}): "
+                        f"{wire.redact(raw[:120].decode('utf-8', 'replace'))!r}", status=status) from None
+    if isinstance(obj, dict) and obj.get("error"):
+        raise error_stop(status, obj, tools=tools, redact=wire.redact)
+    try:
+        return reply_from_response(obj)
+    except StopError as exc:
+        exc.stop.data.setdefault("status", status)
+        raise
+
+
+async def _read_stream(resp: httpx.Response, wire: Wire, tools: tuple[str, ...]) -> Reply:
+    """Events are read as they arrive until [DONE] or the end; a transport failure after the
+    first byte ends the events and is the reply's problem (never a retry: part was used)."""
+    events: list[SSEEvent] = []
+    failure: tuple[str, str] | None = None  # the problem's words before and after the chunk count
+    try:
+        async with aclosing(aiter_events(resp.aiter_bytes())) as stream:
+            async for ev in stream:
+                events.append(ev)
+                if ev.data == DONE:
+                    break
+    except httpx.ReadTimeout:
+        failure = (f"no data for {wire.read_s}s (read timeout) after ", " chunks")
+    except httpx.HTTPError as exc:
+        failure = ("the stream broke after ", f" chunks: {type(exc).__name__}: {wire.redact(str(exc))}")
+
+    def cut(n: int) -> str:
+        assert failure is not None
+        return f"{failure[0]}{n}{failure[1]}"
+
+    try:
+        return assemble_events(events, StreamEnd(tools=tools),
+                               cut=None if failure is None else cut)
+    except StopError as exc:
+        exc.stop.data.setdefault("status", resp.status_code)
+        exc.stop.data["in_stream"] = True
+        raise
+
+
+def _phase(exc: httpx.TimeoutException) -> str:
+    return {httpx.ConnectTimeout: "connect", httpx.ReadTimeout: "read", httpx.WriteTimeout: "write",
+            httpx.PoolTimeout: "pool"}.get(type(exc), "")
+
+
+def _json_or_text(raw: bytes) -> Any:
+    try:
+        return loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace").strip() or "(empty body)"
