@@ -9,11 +9,11 @@ import pytest
 
 from loopfence import Limits, StopReason, workspace_tools
 from loopfence.cli import cli
-from loopfence.runlog import reconcile
+from loopfence.runlog import LogError, reconcile
 from loopfence.runlog._reconcile import INVARIANTS
 
 from _runlog_support import (config_script, counter_script, counter_tools, edit_events, make_workspace,
-                             record, stop_scenarios)
+                             read_lines, record, stop_scenarios)
 
 
 @pytest.fixture
@@ -127,10 +127,14 @@ def test_a_result_without_a_request_and_an_unknown_reason(good: Path, tmp_path: 
     def dup(events: list[dict[str, Any]]) -> None:
         i = next(i for i, e in enumerate(events) if e["event"] == "result")
         events.insert(i + 1, dict(events[i]))
+
+    def tired(events: list[dict[str, Any]]) -> None:
         events[-1]["reason"] = "tired"
 
-    failed = _failed(edit_events(good, tmp_path / "edited.jsonl", dup))
-    assert {"no_orphan_results", "stop_reason_known"} <= failed
+    assert "no_orphan_results" in _failed(edit_events(good, tmp_path / "edited.jsonl", dup))
+    with pytest.raises(LogError) as info:  # stop reasons are an enum: the reader refuses the line
+        reconcile(edit_events(good, tmp_path / "tired.jsonl", tired))
+    assert info.value.line == len(read_lines(good)) and "unknown reason 'tired'" in str(info.value)
 
 
 def test_an_execution_without_its_intent(good: Path, tmp_path: Path) -> None:

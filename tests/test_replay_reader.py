@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loopfence.cli import cli
-from loopfence.runlog import LogError, read_log
+from loopfence.runlog import VERSION, LogError, read_log
 from loopfence.runlog._events import CallEvent, ReplyEvent, RequestEvent, ResultEvent, StopEvent
 
 from _runlog_support import config_script, make_workspace, read_lines, record, write_lines
@@ -58,7 +58,8 @@ def test_missing_header(good: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field,value,words", [
     ("format", "something.else", "header format"),
-    ("version", 2, "header version is 2"),
+    ("version", 3, "header version is 3, this loopfence writes version 2 and reads versions 1 to 2"),
+    ("version", "2", "header version is '2'"),
 ])
 def test_invalid_header(good: Path, tmp_path: Path, field: str, value: object, words: str) -> None:
     events = read_lines(good)
@@ -102,6 +103,34 @@ def test_a_field_of_the_wrong_type_names_event_and_field(good: Path, tmp_path: P
     write_lines(p, events)
     err = _error(p)
     assert err.line == i + 1 and "result event: field 'ok' must be a boolean" in str(err)
+
+
+@pytest.mark.parametrize("kind,field,value,words", [
+    ("call", "decision", "vaporized", "call event: unknown decision 'vaporized'"),
+    ("result", "decision", "maybe", "result event: unknown decision 'maybe'"),
+    ("stop", "reason", "bored", "stop event: unknown reason 'bored'"),
+    ("request", "step", "1", "request event: field 'step' must be an integer, got str"),
+    ("reply", "usage", {"prompt_tokens": 1}, "reply event: missing field 'usage.completion_tokens'"),
+    ("result", "surprise", 1, "result event: unknown field 'surprise'"),
+])
+def test_a_hand_edited_line_is_refused_with_its_line(good: Path, tmp_path: Path, kind: str, field: str,
+                                                     value: object, words: str) -> None:
+    events = read_lines(good)
+    i = next(i for i, e in enumerate(events) if e["event"] == kind)
+    events[i][field] = value
+    p = tmp_path / "edited.jsonl"
+    write_lines(p, events)
+    err = _error(p)
+    assert err.line == i + 1 and str(err).startswith(f"{p}:{i + 1}: ") and words in str(err)
+
+
+def test_a_version_1_log_still_reads(good: Path, tmp_path: Path) -> None:
+    events = read_lines(good)
+    assert events[0]["version"] == VERSION == 2
+    events[0]["version"] = 1
+    p = tmp_path / "v1.jsonl"
+    write_lines(p, events)
+    assert read_log(p).stop is not None
 
 
 def test_a_second_header_is_an_error(good: Path, tmp_path: Path) -> None:

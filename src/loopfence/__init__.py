@@ -4,6 +4,7 @@
     result = run("Read app/config.py", model=ScriptedModel([...]), tools=[...])
     result.stop.reason, result.verdict, result.ledger
     result = await arun(...)  # the core, on a running event loop (same arguments and result)
+    async for event in stream(...): ...  # the run's typed events as they happen, ending with the stop
 """
 
 from typing import Any
@@ -15,15 +16,16 @@ from ._limits import Ledger, LedgerSnapshot, Limits, Policy
 from ._loop import arun, run
 from ._messages import Reply, Request, ToolCall, Usage
 from ._stops import RunResult, Stop, StopReason, Verdict
+from ._stream import RunStream, stream
 from .models import Model, ScriptedModel
 from .runlog import RunLog
 from .tools import Registry, Tool, ToolKind, ToolResult, tool, workspace_tools
 
 __all__ = [
     "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model", "OpenAIModel",
-    "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "ScriptedModel", "Stop",
+    "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "RunStream", "ScriptedModel", "Stop",
     "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate", "Usage", "Verdict",
-    "approve_all", "arun", "deny_all", "run", "tool", "workspace_tools",
+    "approve_all", "arun", "deny_all", "run", "stream", "tool", "workspace_tools",
 ]
 __version__ = "0.1.0"
 

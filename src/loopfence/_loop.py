@@ -25,7 +25,8 @@ from ._limits import Limits, Policy
 from ._messages import Reply, Request
 from ._state import RunState
 from ._stops import RunResult, Stop, StopError, StopReason
-from .models._base import Model
+from .models._base import ON_RETRY, Model
+from .runlog._schema import LogEvent
 from .runlog._writer import FORMAT, VERSION, Abandoned, LogWriteError, RunLog
 from .tools._executor import Executor, ToolResult, error_result
 from .tools._registry import Registry, Tool, ToolKind
@@ -38,7 +39,8 @@ async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = ()
                log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
                executor: Executor | None = None, header: dict[str, Any] | None = None,
                gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
-               compaction: Compaction | None = None) -> RunResult:
+               compaction: Compaction | None = None,
+               on_event: Callable[[LogEvent], None] | None = None) -> RunResult:
     """Run the fenced loop until it stops for a named reason: the core, on the running event loop.
     Every operation (model request, token count, tool, approval) is awaited under the run's limits:
     an async adapter (`acomplete`, `acount_tokens`, an `async def` tool) is awaited and cancelled at
@@ -54,7 +56,7 @@ async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = ()
     Arguments as `run()`.
     """
     state, runlog, guard, exe = _start(task, model, tools, limits, policy, system, params, log, guards,
-                                       executor, header, gate, approve, compaction)
+                                       executor, header, gate, approve, compaction, on_event)
     return await adrive(state, model, runlog, guard, exe)
 
 
@@ -63,17 +65,18 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
         log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
         executor: Executor | None = None, header: dict[str, Any] | None = None,
         gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
-        compaction: Compaction | None = None) -> RunResult:
+        compaction: Compaction | None = None, on_event: Callable[[LogEvent], None] | None = None) -> RunResult:
     """Run the fenced loop until it stops for a named reason (`arun()` on an event loop of its own;
     inside a running event loop, on a helper thread). Never raises for a stop; raises
     LogWriteError (an OSError) when the log cannot be written, ending the run where its log ends.
     Ctrl-C ends the run `cancelled` and returns its result (a second Ctrl-C raises KeyboardInterrupt).
 
     gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
-    compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables).
+    compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables);
+    on_event: called with each typed event (runlog._schema) as it is written, header to stop.
     """
     state, runlog, guard, exe = _start(task, model, tools, limits, policy, system, params, log, guards,
-                                       executor, header, gate, approve, compaction)
+                                       executor, header, gate, approve, compaction, on_event)
     return drive(state, model, runlog, guard, exe)
 
 
@@ -81,7 +84,8 @@ def _start(task: str, model: Model, tools: Iterable[Tool] | Registry, limits: Li
            policy: Policy | None, system: str | None, params: dict[str, Any] | None,
            log: RunLog | str | Path | None, guards: list[Guard] | None, executor: Executor | None,
            header: dict[str, Any] | None, gate: UntrustedGate | None, approve: ApprovalHook | None,
-           compaction: Compaction | None) -> tuple[RunState, RunLog, Guards, Executor]:
+           compaction: Compaction | None,
+           on_event: Callable[[LogEvent], None] | None = None) -> tuple[RunState, RunLog, Guards, Executor]:
     """The run's state, and its log with the header written."""
     registry = tools if isinstance(tools, Registry) else Registry(tools)
     task, system = loggable(task), system and loggable(system)  # as the header reads back (replay)
@@ -91,6 +95,8 @@ def _start(task: str, model: Model, tools: Iterable[Tool] | Registry, limits: Li
     state = new_state(registry, limits or Limits(), policy or Policy(), params or {}, messages,
                       compaction or Compaction())
     runlog = log if isinstance(log, RunLog) else RunLog(log, t0=state.t0)
+    if on_event is not None:
+        runlog.on_event = on_event
     runlog.write("header", format=FORMAT, version=VERSION, run_id=uuid.uuid4().hex,
                  started_at=datetime.now(timezone.utc).isoformat(), task=task, system=system,
                  limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
@@ -268,6 +274,14 @@ async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
     run goes on without the request (it stops max_wall_seconds)."""
     if interrupted():
         raise KeyboardInterrupt
+    live = [True]  # a retry reported after the request ended (an abandoned worker) is not this run's
+
+    def retried(attempt: int, status: int | None, wait_s: float, reason: str) -> None:
+        if live[0] and s.log is not None:
+            s.log.write("retry", step=request.step, attempt=attempt, status=status, wait_s=wait_s,
+                        reason=reason)
+
+    reporting = ON_RETRY.set(retried)
     try:
         reply = await within(s.deadline(), ops.complete(request))
     except Expired:
@@ -280,6 +294,9 @@ async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
     except Exception as exc:  # noqa: BLE001
         raise StopError(StopReason.ENDPOINT_ERROR,
                         f"the model adapter raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        live[0] = False
+        ON_RETRY.reset(reporting)
     levels = max([depth(reply.raw), *(depth(c.arguments) for c in reply.tool_calls)])
     if levels > MAX_DEPTH:
         raise StopError(StopReason.ENDPOINT_ERROR, f"the reply is nested {levels:,} levels deep (the "

@@ -51,7 +51,7 @@ def _short(value: Any, n: int = 80) -> str:
 
 
 def live_printer(console: Console = stderr) -> Any:
-    """A RunLog listener: one line per request, call decision and stop, on stderr. Every value
+    """A RunLog listener: one line per request, reply, retry, call decision and stop, on stderr. Every value
     that came from a model, a tool or a file is escaped (markup and terminal controls)."""
 
     def on_event(e: dict[str, Any]) -> None:
@@ -62,6 +62,10 @@ def live_printer(console: Console = stderr) -> Any:
             u = e.get("usage") or {}
             console.print(f"  [dim]reply[/] finish={_short(e.get('finish_reason'))} "
                           f"prompt={u.get('prompt_tokens')} completion={u.get('completion_tokens')}")
+        elif kind == "retry":
+            status = f"HTTP {e['status']}" if e.get("status") is not None else "no response"
+            console.print(f"  [yellow]retry[/] attempt {e['attempt']} failed ({status}), next in "
+                          f"{e['wait_s']:.2f}s: {_short(e.get('reason', ''))}")
         elif kind == "result":
             mark = {"executed": "→", "reused": "↺", "refused": "✗", "rejected": "✗"}[e["decision"]]
             status = "ok" if e["ok"] else f"error: {_short(e.get('error'))}"

@@ -20,11 +20,26 @@ set, is the `time.monotonic()` the run ends at: an adapter may stop early with m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Protocol, runtime_checkable
 
 from .._messages import Reply, Request
 
-__all__ = ["Model"]
+__all__ = ["Model", "RetryReport", "ON_RETRY", "report_retry"]
+
+RetryReport = Callable[[int, "int | None", float, str], None]  # (attempt, status, wait_s, reason)
+ON_RETRY: ContextVar[RetryReport | None] = ContextVar("loopfence_on_retry", default=None)
+"""Set by the ring around each model request: an adapter that retries says so through
+`report_retry`, and the run logs a `retry` event (the adapter needs no log)."""
+
+
+def report_retry(attempt: int, status: int | None, wait_s: float, reason: str) -> None:
+    """Tell the run awaiting this request that attempt `attempt` failed (HTTP `status`, None for a
+    connection error or a timeout) and the next one follows in `wait_s` seconds."""
+    report = ON_RETRY.get()
+    if report is not None:
+        report(attempt, status, wait_s, reason)
 
 
 @runtime_checkable

@@ -43,6 +43,7 @@ import httpx
 
 from .._messages import Reply, Request
 from .._stops import StopError, StopReason
+from ._base import report_retry
 from ._exchange import Retry, Wire, attempt
 from ._pool import Borrowed, LoopClients
 from ._retry import Timeouts, backoff_delay
@@ -186,6 +187,8 @@ class OpenAIModel:
                                     f"{what} ({left:.2f}s left)", status=status, attempts=retry,
                                     retry_in_s=round(delay, 3), left_s=round(left, 3)) from None
                 self.retries += 1
+                report_retry(retry, status if isinstance(status, int) else None, round(delay, 3),
+                             r.stop.stop.detail)
                 await asyncio.sleep(delay)
 
     async def _bounded(self, work: Callable[[], Coroutine[Any, Any, Reply]], deadline: float | None,

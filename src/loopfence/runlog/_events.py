@@ -1,4 +1,5 @@
-"""Typed views of run-log events, parsed once at the edge (the reader); errors name file and line.
+"""Typed views of run-log events, parsed once at the edge (the reader) with the line models of
+runlog/_schema.py; errors name file and line.
 
 Each view keeps `raw` (the record as read) so replay can compare whole events, and `line` (1-based)
 so every later error can point at the line it is about.
@@ -9,9 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from .._messages import Reply, ReplyFormatError, Usage
+from .._stops import StopReason, Verdict
 from ..tools._executor import ToolResult
 from ..tools._registry import ToolKind
+from ._schema import (CallLine, Decision, HeaderLine, ReplyLine, RequestLine, ResultLine, StopLine,
+                      parse_line)
 
 __all__ = ["LogError", "Event", "Header", "ToolSpec", "RequestEvent", "ReplyEvent", "CallEvent",
            "ResultEvent", "StopEvent", "OtherEvent", "parse_event"]
@@ -27,33 +33,29 @@ class LogError(ValueError):
         self.message = message
 
 
-class _Fields:
-    """Typed field access on one record; a wrong or missing field raises LogError at that line."""
-
-    def __init__(self, path: str, line: int, kind: str, record: dict[str, Any]) -> None:
-        self.path, self.line, self.kind, self.record = path, line, kind, record
-
-    def fail(self, message: str) -> LogError:
-        return LogError(self.path, self.line, f"{self.kind} event: {message}")
-
-    def get(self, name: str, types: type | tuple[type, ...], *, optional: bool = False,
-            default: Any = None) -> Any:
-        if name not in self.record or self.record[name] is None:
-            if optional:
-                return default
-            raise self.fail(f"missing field {name!r}")
-        value = self.record[name]
-        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-            raise self.fail(f"field {name!r} must be {_names(types)}, got a boolean")
-        if not isinstance(value, types):
-            raise self.fail(f"field {name!r} must be {_names(types)}, got {type(value).__name__}")
-        return value
+def _problem(kind: str, exc: ValidationError) -> str:
+    """The first thing wrong with a record, in words: "field 'ok' must be a boolean"."""
+    err = exc.errors(include_url=False)[0]
+    loc = [str(x) for x in err["loc"][1:]]  # [0] is the union's tag
+    where = loc[0] + "".join(f"[{x}]" if x.isdigit() else f".{x}" for x in loc[1:]) if loc else "the line"
+    typ, value = err["type"], err.get("input")
+    if typ == "missing":
+        return f"{kind} event: missing field {where!r}"
+    if typ == "extra_forbidden":
+        return f"{kind} event: unknown field {where!r}"
+    if typ in ("enum", "literal_error"):
+        name = "decision" if loc and loc[-1] in ("decision", "result") else loc[-1] if loc else "value"
+        return f"{kind} event: unknown {name} {value!r} (field {where!r}; {err['msg'].lower()})"
+    if typ in _TYPES:
+        got = "a boolean" if isinstance(value, bool) else "null" if value is None else type(value).__name__
+        return f"{kind} event: field {where!r} must be {_TYPES[typ]}, got {got}"
+    return f"{kind} event: field {where!r}: {err['msg']}"
 
 
-def _names(types: type | tuple[type, ...]) -> str:
-    ts = types if isinstance(types, tuple) else (types,)
-    return " or ".join({"str": "a string", "int": "an integer", "float": "a number", "dict": "an object",
-                        "list": "an array", "bool": "a boolean"}.get(t.__name__, t.__name__) for t in ts)
+_TYPES = {"bool_type": "a boolean", "int_type": "an integer", "float_type": "a number",
+          "string_type": "a string", "dict_type": "an object", "list_type": "an array",
+          "model_type": "an object", "too_short": "[prompt, completion] integers",
+          "too_long": "[prompt, completion] integers"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,7 @@ class CallEvent(Event):
     tool_call_id: str
     name: str
     key: str | None
-    decision: str
+    decision: Decision
     intent: bool
 
 
@@ -142,7 +144,7 @@ class ResultEvent(Event):
     step: int
     tool_call_id: str
     name: str
-    decision: str
+    decision: Decision
     ok: bool
     error: str | None
     fingerprint: str
@@ -157,10 +159,10 @@ class ResultEvent(Event):
 
 @dataclass(frozen=True, slots=True)
 class StopEvent(Event):
-    reason: str
+    reason: StopReason
     detail: str
     data: dict[str, Any]
-    verdict: str
+    verdict: Verdict
     final_answer: str | None
     partial_text: str | None
     ledger: dict[str, Any]
@@ -172,76 +174,48 @@ class OtherEvent(Event):
     """gate, resume, and kinds added later: kept whole, compared whole."""
 
 
-_DECISIONS = ("executed", "reused", "refused", "rejected")
-
-
 def parse_event(path: str, line: int, record: dict[str, Any]) -> Event:
-    """One record (already JSON) -> its typed view. The kind must be known (checked by the reader)."""
+    """One record (already JSON) -> its typed view, checked by its model (runlog/_schema.py).
+    The kind must be known (checked by the reader)."""
     kind = record["event"]
-    f = _Fields(path, line, kind, record)
-    seq = f.get("seq", int)
-    t = float(f.get("t", (int, float)))
-    base = (kind, line, seq, t, record)
-    if kind == "header":
-        return _header(f, base)
-    if kind == "request":
-        return RequestEvent(*base, f.get("step", int), f.get("fingerprint", str),
-                            f.get("prompt_estimate", int, optional=True, default=0))
-    if kind == "reply":
-        usage = f.get("usage", dict)
-        u = _Fields(path, line, "reply usage", usage)
-        return ReplyEvent(*base, f.get("step", int), f.get("complete", bool),
-                          f.get("problem", str, optional=True, default=""),
-                          f.get("finish_reason", str, optional=True),
-                          u.get("prompt_tokens", int), u.get("completion_tokens", int),
-                          u.get("reported", bool, optional=True, default=False), path)
-    if kind == "call":
-        decision = f.get("decision", str)
-        if decision not in _DECISIONS:
-            raise f.fail(f"unknown decision {decision!r}")
-        return CallEvent(*base, f.get("step", int), f.get("tool_call_id", str), f.get("name", str),
-                         f.get("key", str, optional=True), decision,
-                         f.get("intent", bool, optional=True, default=False))
-    if kind == "result":
-        decision = f.get("decision", str)
-        if decision not in _DECISIONS:
-            raise f.fail(f"unknown decision {decision!r}")
-        return ResultEvent(*base, f.get("step", int), f.get("tool_call_id", str), f.get("name", str),
-                           decision, f.get("ok", bool), f.get("error", str, optional=True),
-                           f.get("fingerprint", str),
-                           float(f.get("duration_s", (int, float), optional=True, default=0.0)),
-                           f.get("untrusted", bool, optional=True, default=False),
-                           f.get("content", str))
-    if kind == "stop":
-        per_step = f.get("per_step", list, optional=True, default=[])
-        pairs = []
-        for i, p in enumerate(per_step):
-            if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p)):
-                raise f.fail(f"per_step[{i}] must be [prompt, completion] integers")
-            pairs.append((p[0], p[1]))
-        return StopEvent(*base, f.get("reason", str), f.get("detail", str, optional=True, default=""),
-                         f.get("data", dict, optional=True, default={}), f.get("verdict", str),
-                         f.get("final_answer", str, optional=True),
-                         f.get("partial_text", str, optional=True), f.get("ledger", dict), tuple(pairs))
+    try:
+        m = parse_line(record)
+    except ValidationError as exc:
+        raise LogError(path, line, _problem(kind, exc)) from None
+    base = (kind, line, m.seq, m.t, record)
+    if isinstance(m, HeaderLine):
+        return _header(path, line, m, base)
+    if isinstance(m, RequestLine):
+        return RequestEvent(*base, m.step, m.fingerprint, m.prompt_estimate)
+    if isinstance(m, ReplyLine):
+        u = m.usage
+        return ReplyEvent(*base, m.step, m.complete, m.problem, m.finish_reason, u.prompt_tokens,
+                          u.completion_tokens, u.reported, path)
+    if isinstance(m, CallLine):
+        return CallEvent(*base, m.step, m.tool_call_id, m.name, m.key, m.decision, m.intent)
+    if isinstance(m, ResultLine):
+        return ResultEvent(*base, m.step, m.tool_call_id, m.name, m.decision, m.ok, m.error,
+                           m.fingerprint, m.duration_s, m.untrusted, m.content)
+    if isinstance(m, StopLine):
+        return StopEvent(*base, m.reason, m.detail, m.data, m.verdict, m.final_answer, m.partial_text,
+                         m.ledger, tuple((p[0], p[1]) for p in m.per_step))
     return OtherEvent(*base)
 
 
-def _header(f: _Fields, base: tuple[Any, ...]) -> Header:
+def _header(path: str, line: int, m: HeaderLine, base: tuple[Any, ...]) -> Header:
     specs = []
-    for i, item in enumerate(f.get("tools", list)):
-        fn = item.get("function") if isinstance(item, dict) else None
+    for i, item in enumerate(m.tools):
+        fn = item.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise f.fail(f"tools[{i}] is not an OpenAI tools[] entry with a function name")
+            raise LogError(path, line, f"header event: tools[{i}] is not an OpenAI tools[] entry with a "
+                           "function name")
         try:
             kind = ToolKind(item.get("kind", "side_effect"))
         except ValueError:
-            raise f.fail(f"tools[{i}]: unknown kind {item.get('kind')!r}") from None
+            raise LogError(path, line, f"header event: tools[{i}]: unknown kind {item.get('kind')!r}") from None
         params = fn.get("parameters")
         specs.append(ToolSpec(fn["name"], str(fn.get("description") or ""),
                               params if isinstance(params, dict) else {"type": "object"}, kind,
                               bool(item.get("untrusted", False))))
-    return Header(*base, f.get("run_id", str), f.get("started_at", str), f.get("task", str),
-                  f.get("system", str, optional=True), f.get("limits", dict), f.get("policy", dict),
-                  f.get("params", dict, optional=True, default={}), tuple(specs),
-                  f.get("model", dict, optional=True, default={}),
-                  f.get("workspace", str, optional=True))
+    return Header(*base, m.run_id, m.started_at, m.task, m.system, m.limits, m.policy, m.params,
+                  tuple(specs), m.model, m.workspace)

@@ -38,6 +38,7 @@ __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Record
            "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "comparable", "outcome_unknown"]
 
 _VOLATILE = ("seq", "t", "duration_s")
+_MARKERS = ("resume", "retry")  # recorded, never written again by a playback
 SHOW_CHARS = 2_000  # of each event a divergence shows
 
 
@@ -124,7 +125,7 @@ class Recording:
         e = self.events[self.pos]
         self.pos += 1
         self.last_t = e.t
-        if e.kind != "resume":  # a resume marker is not where the run was
+        if e.kind not in _MARKERS:  # a resume marker or a retry is not where the run was
             self.last = e
         return e
 
@@ -211,8 +212,8 @@ class PlaybackLog(RunLog):
         return e.raw
 
     def _advance(self) -> None:
-        """Past resume markers; the clock to a recorded wall-clock stop; live when the log ends."""
-        while (e := self.rec.peek()) is not None and e.kind == "resume":
+        """Past resume markers and retries (the recorded replies are not retried); the clock to a recorded wall-clock stop; live when the log ends."""
+        while (e := self.rec.peek()) is not None and e.kind in _MARKERS:
             self.rec.take()
             self._set_clock(e.t)
         if (wall := self.rec.wall_stop_t()) is not None:

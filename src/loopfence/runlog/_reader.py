@@ -1,8 +1,9 @@
 """Reading a run log back. Strict by default: anything odd is an error naming the file and line.
 
-Strict (replay, reconcile, export): an empty file, a first line that is not a loopfence.runlog v1
-header, a line that is not a JSON object, an unknown event kind, a field of the wrong type, or a
-last line without its newline (a truncated write) -> LogError. Never a partial success.
+Strict (replay, reconcile, export): an empty file, a first line that is not a loopfence.runlog header
+of a version this loopfence reads (1 or 2), a line that is not a JSON object, an unknown event kind, a
+line its model (runlog/_schema.py) refuses (a field of the wrong type, an unknown decision), or a last
+line without its newline (a truncated write) -> LogError. Never a partial success.
 
 Tolerant (resume): a process killed mid-write leaves at most one incomplete last line; it is set
 aside (`RunLogFile.torn_bytes`) and the log reads back to its last complete line. Damage anywhere
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from .._json import MAX_LOG_DEPTH, JsonFileError, JsonLimitError, loads, read_bounded
 from ._events import Event, Header, LogError, StopEvent, parse_event
-from ._writer import EVENT_KINDS, FORMAT, VERSION
+from ._schema import EVENT_KINDS, FORMAT, READS_VERSIONS, VERSION
 
 __all__ = ["RunLogFile", "read_log", "LogError", "MAX_LOG_BYTES"]
 
@@ -105,7 +106,8 @@ def _parse_line(path: str, lineno: int, raw: bytes) -> Event:
     if kind == "header":
         if record.get("format") != FORMAT:
             raise LogError(path, lineno, f"header format is {record.get('format')!r}, expected {FORMAT!r}")
-        if record.get("version") != VERSION:
-            raise LogError(path, lineno, f"header version is {record.get('version')!r}, "
-                           f"this loopfence reads version {VERSION}")
+        version = record.get("version")
+        if version not in READS_VERSIONS or isinstance(version, bool):
+            raise LogError(path, lineno, f"header version is {version!r}, this loopfence writes version "
+                           f"{VERSION} and reads versions {READS_VERSIONS[0]} to {READS_VERSIONS[-1]}")
     return parse_event(path, lineno, record)

@@ -233,8 +233,8 @@ def _limit(log: RunLogFile, stop: StopEvent | None, turns: list[_Turn], results:
 
 def _before_stop(log: RunLogFile) -> str | None:
     """The kind of the last event before the stop, leaving out the stop's own bookkeeping (the
-    calls it left unrun get `not_executed` results) and resume markers."""
-    events = [e for e in log.events if e.kind not in ("stop", "resume") and not _bookkeeping(e)]
+    calls it left unrun get `not_executed` results), resume markers and retries."""
+    events = [e for e in log.events if e.kind not in ("stop", "resume", "retry") and not _bookkeeping(e)]
     return events[-1].kind if events else None
 
 

@@ -2,8 +2,9 @@
 
 A killed process leaves a log readable up to its last complete line; so does a write that fails
 (a full disk): `LogWriteError` then stops the run, and every later write refuses. Event kinds (field "event"):
-header, request, reply, call, result, gate, resume, stop. Every event carries `seq` (0-based line number)
-and `t` (seconds since the run started, monotonic).
+header, request, reply, call, result, gate, resume, retry, stop. Every event carries `seq` (0-based line
+number) and `t` (seconds since the run started, monotonic). Each record is checked against its model
+(runlog/_schema.py) before it is written: the log holds only lines the reader accepts.
 """
 
 from __future__ import annotations
@@ -16,12 +17,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from .._json import dumps
+from ._schema import EVENT_KINDS, FORMAT, VERSION, LogEvent, parse_line
 
 __all__ = ["RunLog", "LogWriteError", "Abandoned", "FORMAT", "VERSION", "EVENT_KINDS"]
-
-FORMAT = "loopfence.runlog"
-VERSION = 1
-EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume", "stop")
 
 
 class LogWriteError(OSError):
@@ -44,13 +42,15 @@ class RunLog:
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, t0: float | None = None,
                  append: bool = False, seq: int = 0,
-                 listener: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 listener: Callable[[dict[str, Any]], None] | None = None,
+                 on_event: Callable[[LogEvent], None] | None = None) -> None:
         self.path = str(path) if path is not None else None
         self.events: list[dict[str, Any]] = []
         self.keep = path is None
         self._t0 = time.monotonic() if t0 is None else t0
         self._seq = seq
         self.listener = listener
+        self.on_event = on_event  # each event, typed, as it is written
         self._fh: IO[bytes] | None = None
         self._broken: LogWriteError | None = None  # a write failed: every later write refuses
         if self.path is not None:
@@ -60,6 +60,7 @@ class RunLog:
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"event": event, "seq": self._seq, "t": round(time.monotonic() - self._t0, 6),
                   **fields}
+        typed = parse_line(record)  # a record its model refuses is a bug here: never written
         self._seq += 1
         if self._fh is not None:
             self._put((dumps(record) + "\n").encode("utf-8"))
@@ -67,6 +68,8 @@ class RunLog:
             self.events.append(record)
         if self.listener is not None:
             self.listener(record)
+        if self.on_event is not None:
+            self.on_event(typed)
         return record
 
     def _put(self, data: bytes) -> None:

@@ -1,0 +1,28 @@
+"""`loopfence schema events`: the JSON Schema of one run-log line, from the log's own models."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .._json import dumps
+from ..runlog._schema import events_schema
+
+__all__ = ["add_parser", "main"]
+
+HELP = "print the JSON Schema of a run-log line"
+SCHEMAS = {"events": events_schema}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("schema", help=HELP, description=(
+        "Print a JSON Schema (draft 2020-12) on standard output. `events`: one line of a run log "
+        "(a union on the field \"event\": header, request, reply, call, result, gate, resume, retry, "
+        "stop); the header's \"version\" says which format a log is in."))
+    p.add_argument("what", choices=tuple(SCHEMAS), help="which schema")
+
+
+def main(args: argparse.Namespace) -> int:
+    sys.stdout.write(dumps(SCHEMAS[args.what](), indent=2) + "\n")
+    return 0

@@ -1,0 +1,197 @@
+"""The run log's line types: one pydantic model per event kind, a union discriminated on `event`.
+
+The writer's records, the reader's parsing, the live stream (`on_event=`) and the published JSON
+Schema (`loopfence schema events`) all come from these models. Strict: a field of the wrong type,
+an unknown decision or stop reason, or an unknown field (except in the header) is refused.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter
+
+from .._stops import StopReason, Verdict
+
+__all__ = ["Decision", "GateDecision", "LogEvent", "HeaderLine", "RequestLine", "ReplyLine", "CallLine",
+           "ResultLine", "GateLine", "ResumeLine", "RetryLine", "StopLine", "Usage", "LOG_LINE",
+           "FORMAT", "VERSION", "READS_VERSIONS", "EVENT_KINDS", "parse_line", "events_schema"]
+
+FORMAT = "loopfence.runlog"
+VERSION = 2  # 2: typed events, `retry` events
+READS_VERSIONS = (1, 2)  # version 1 logs read with the same models (they never hold a retry)
+
+
+class Decision(StrEnum):
+    """What became of one requested tool call."""
+
+    EXECUTED = "executed"
+    REUSED = "reused"
+    REFUSED = "refused"
+    REJECTED = "rejected"
+
+
+class GateDecision(StrEnum):
+    """What the untrusted-content gate did."""
+
+    ALLOWED = "allowed"  # a privileged call with no untrusted content in context
+    APPROVED = "approved"
+    REFUSED = "refused"
+    TAINTED = "tainted"
+
+
+_Enum = Strict(False)  # an enum field accepts its value as a string (records are JSON)
+Obj = dict[str, Any]
+
+
+class LogEvent(BaseModel):
+    """Common part of every line: its kind, its 0-based line number, seconds since the run started."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    event: str
+    seq: int
+    t: float
+
+
+class HeaderLine(LogEvent):
+    model_config = ConfigDict(extra="allow")  # `header=` extras (workspace, drill, …)
+
+    event: Literal["header"]
+    format: Literal["loopfence.runlog"]
+    version: int
+    run_id: str
+    started_at: str
+    task: str
+    system: str | None = None
+    limits: Obj
+    policy: Obj
+    params: Obj = {}
+    tools: list[Obj]
+    model: Obj = {}
+    gate: Obj | None = None
+    compaction: Obj | None = None
+    tool_info: Obj | None = None
+    workspace: str | None = None
+
+
+class RequestLine(LogEvent):
+    event: Literal["request"]
+    step: int
+    fingerprint: str
+    n_messages: int | None = None
+    prompt_estimate: int = 0
+    params: Obj | None = None
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    prompt_tokens: int
+    completion_tokens: int
+    reported: bool = False
+
+
+class ReplyLine(LogEvent):
+    event: Literal["reply"]
+    step: int
+    raw: Any = None  # the response as received (an object; anything for a broken stream)
+    complete: bool
+    problem: str = ""
+    finish_reason: str | None = None
+    usage: Usage
+    duration_s: float | None = None
+
+
+class CallLine(LogEvent):
+    event: Literal["call"]
+    step: int
+    tool_call_id: str
+    name: str
+    raw_arguments: str | None = None
+    arguments: Obj | None = None
+    key: str | None = None
+    kind: str | None = None
+    decision: Annotated[Decision, _Enum]
+    intent: bool = False
+    reason: str | None = None
+
+
+class ResultLine(LogEvent):
+    event: Literal["result"]
+    step: int
+    tool_call_id: str
+    name: str
+    decision: Annotated[Decision, _Enum]
+    ok: bool
+    error: str | None = None
+    fingerprint: str
+    duration_s: float = 0.0
+    untrusted: bool = False
+    content: str
+    violation: str | None = None
+
+
+class GateLine(LogEvent):
+    event: Literal["gate"]
+    step: int
+    tool_call_id: str | None = None
+    name: str
+    key: str | None = None
+    decision: Annotated[GateDecision, _Enum]
+    reason: str = ""
+    source: str | None = None
+    result: Annotated[Decision, _Enum] | None = None
+    first: bool | None = None
+
+
+class ResumeLine(LogEvent):
+    event: Literal["resume"]
+    after_line: int
+    elapsed_s: float
+    step: int
+    torn_bytes: int = 0
+    pending_intent: Obj | None = None
+    model: Obj = {}
+
+
+class RetryLine(LogEvent):
+    """One failed HTTP attempt of a model request, retried after `wait_s` seconds."""
+
+    event: Literal["retry"]
+    step: int
+    attempt: int  # the attempt that failed (1-based); attempt + 1 comes next
+    status: int | None = None  # the HTTP status, None for a connection error or a timeout
+    wait_s: float
+    reason: str
+
+
+class StopLine(LogEvent):
+    event: Literal["stop"]
+    reason: Annotated[StopReason, _Enum]
+    detail: str = ""
+    data: Obj = {}
+    verdict: Annotated[Verdict, _Enum]
+    final_answer: str | None = None
+    partial_text: str | None = None
+    ledger: Obj
+    per_step: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = []  # [prompt, completion]
+
+
+AnyLine = Annotated[HeaderLine | RequestLine | ReplyLine | CallLine | ResultLine | GateLine | ResumeLine
+                    | RetryLine | StopLine, Field(discriminator="event")]
+LOG_LINE: TypeAdapter[AnyLine] = TypeAdapter(AnyLine)
+EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume", "retry", "stop")
+
+
+def parse_line(record: dict[str, Any]) -> LogEvent:
+    """One record (JSON already parsed) -> its typed event; pydantic.ValidationError if it is not one."""
+    return LOG_LINE.validate_python(record)  # type: ignore[return-value]
+
+
+def events_schema() -> dict[str, Any]:
+    """The JSON Schema of one log line."""
+    schema = LOG_LINE.json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": f"{FORMAT} line, version {VERSION}", **schema}
