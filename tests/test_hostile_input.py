@@ -20,7 +20,7 @@ import pytest
 from loopfence import Limits, RunLog, ScriptedModel, StopReason, run, workspace_tools
 from loopfence._json import MAX_DEPTH, MAX_INT_DIGITS, JsonLimitError, dumps, loads
 from loopfence.runlog import read_log, reconcile
-from loopfence.runlog._replay import replay
+from loopfence._drivers._replay import replay
 from loopfence.testing import calls_reply, text_reply, tool_call
 
 EXE = [sys.executable, "-m", "loopfence"]

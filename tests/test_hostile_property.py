@@ -19,7 +19,7 @@ from loopfence import Limits, RunLog, ScriptedModel, run, workspace_tools
 from loopfence._json import MAX_DEPTH, dumps
 from loopfence.models import ScriptError
 from loopfence.runlog import read_log, reconcile
-from loopfence.runlog._replay import replay
+from loopfence._drivers._replay import replay
 
 ODD = ["\ud800", "\udfff", "\udc80", "\ud83d", "\x00", "\x1b[2J", "\u202e", "[/]", "\\", '"', "\n"]
 texts = st.lists(st.one_of(st.characters(), st.sampled_from(ODD)), max_size=20).map("".join)

@@ -10,22 +10,25 @@
 from typing import Any
 
 from ._compact import Compaction
+from ._contract import CheckedCall
 from ._gate import UntrustedGate, approve_all, deny_all
 from ._guards import Guard
 from ._limits import Ledger, LedgerSnapshot, Limits, Policy
 from ._loop import arun, run
 from ._messages import Reply, Request, ToolCall, Usage
+from ._state import RunState
 from ._stops import RunResult, Stop, StopReason, Verdict
 from ._stream import RunStream, stream
 from .models import Model, ScriptedModel
 from .runlog import RunLog
-from .tools import Registry, Tool, ToolKind, ToolResult, tool, workspace_tools
+from .tools import Registry, Tool, ToolKind, ToolResult, refusal, tool, workspace_tools
 
 __all__ = [
-    "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model", "OpenAIModel",
-    "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "RunStream", "ScriptedModel", "Stop",
-    "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate", "Usage", "Verdict",
-    "approve_all", "arun", "deny_all", "run", "stream", "tool", "workspace_tools",
+    "CheckedCall", "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model",
+    "OpenAIModel", "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "RunState", "RunStream",
+    "ScriptedModel", "Stop", "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate",
+    "Usage", "Verdict", "approve_all", "arun", "deny_all", "refusal", "run", "stream", "tool",
+    "workspace_tools",
 ]
 __version__ = "0.1.0"
 

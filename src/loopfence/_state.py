@@ -12,6 +12,7 @@ from ._json import canonical_json
 from ._limits import Ledger, Limits, Policy
 from ._messages import Reply, Request, ToolCall
 from ._tokens import TokenEstimator, text_units
+from .runlog._writer import RunLog
 from .tools._executor import ResultCache, ToolResult
 from .tools._registry import Registry, ToolKind
 
@@ -32,7 +33,7 @@ class RunState:
     pending: list[ToolCall] = field(default_factory=list)  # requested calls still owed a result
     in_flight: ToolCall | None = None  # the call executing now (its intent is already logged)
     bad_streak: int = 0
-    log: Any = None  # the RunLog, so guards and gates can write their own events
+    log: RunLog | None = None  # the run's log: guards and gates write their own (typed) events
     chain: str = ""  # running hash over the conversation: request fingerprints in O(1) per message
     compaction: Compaction = field(default_factory=Compaction)  # shapes the outgoing view only
     counts_tokens: bool = False  # the model counts prompts itself: the ring awaits its count (set_count)

@@ -8,7 +8,7 @@ from typing import Any
 from .._limits import parse_limit
 from .._printable import printable
 from ..runlog._events import LogError
-from ..runlog._replay import replay
+from .._drivers._replay import replay
 from ._common import UsageError, stderr
 
 __all__ = ["add_parser", "main"]

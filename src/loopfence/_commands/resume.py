@@ -10,7 +10,7 @@ from .._printable import printable
 from .._stops import Verdict
 from ..runlog._events import LogError
 from ..runlog._rebuild import ModelRebuildError
-from ..runlog._resume import resume
+from .._drivers._resume import resume
 from ._common import DETAIL_CHARS, UsageError, live_printer, print_summary, stderr
 from .reconcile import reconcile_own_log
 

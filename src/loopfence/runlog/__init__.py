@@ -1,12 +1,13 @@
 """The JSONL run log: the writer, a strict reader, and what reads it back.
 
-`read_log` (strict; `tolerant=True` for resume), `reconcile`, `replay`, `resume` and `to_atif` are
-imported on first use: replay and resume drive the ring, which itself imports the writer from here.
+`read_log` (strict; `tolerant=True` for resume) and the writer live here, low in the layers (the
+loop imports the writer). `reconcile`, `replay`, `resume` and `to_atif` are re-exported on first
+use: replay and resume drive the ring, so they live above the loop in `loopfence._drivers`, and this
+package names them only inside `__getattr__` (the allowlisted facade edges in tests/test_layers.py).
 """
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import Any
 
 from ._events import LogError
@@ -17,12 +18,19 @@ __all__ = ["EVENT_KINDS", "FORMAT", "LogError", "RunLog", "RunLogFile", "VERSION
            "reconcile", "Reconciliation", "replay", "ReplayReport", "resume", "ResumeOutcome",
            "ResumeError", "to_atif"]
 
-_LAZY = {"reconcile": "_reconcile", "Reconciliation": "_reconcile", "replay": "_replay",
-         "ReplayReport": "_replay", "resume": "_resume", "ResumeOutcome": "_resume",
-         "ResumeError": "_resume", "to_atif": "_atif"}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    """The public names that sit above the log (they drive or re-check the ring), loaded on use."""
+    if name in ("reconcile", "Reconciliation"):
+        from . import _reconcile
+
+        return getattr(_reconcile, name)
+    if name in ("replay", "ReplayReport", "resume", "ResumeOutcome", "ResumeError"):
+        from .. import _drivers
+
+        return getattr(_drivers, name)
+    if name == "to_atif":
+        from ._atif import to_atif
+
+        return to_atif
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ from .._messages import Reply
 from ..models._scripted import ScriptedModel
 from ..runlog._events import Event, StopEvent
 from ..runlog._reader import RunLogFile, read_log
-from ..runlog._replay import ReplayReport, replay
+from .._drivers._replay import ReplayReport, replay
 from ._builders import calls_reply, text_reply
 
 __all__ = ["make_scripted_model", "reply_forms", "RunLogFixture", "assert_replays"]

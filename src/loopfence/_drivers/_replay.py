@@ -24,11 +24,11 @@ from .._loop import drive, new_state
 from .._stops import RunResult
 from ..tools._executor import Executor
 from ..tools._registry import Tool
-from ._events import LogError, StopEvent
+from ..runlog._events import LogError, StopEvent
 from ._playback import (Diverged, Divergence, PlaybackApproval, PlaybackExecutor, PlaybackLog,
                         PlaybackModel, RecordingEnded, Recording)
-from ._reader import RunLogFile, read_log
-from ._rebuild import (compaction_of, gate_of, gated_names, limits_of, messages_of, policy_of,
+from ..runlog._reader import RunLogFile, read_log
+from ..runlog._rebuild import (compaction_of, gate_of, gated_names, limits_of, messages_of, policy_of,
                        registry_of, workspace_tools_of)
 
 __all__ = ["replay", "ReplayReport"]

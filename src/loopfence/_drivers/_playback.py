@@ -30,9 +30,9 @@ from .._stops import StopError, StopReason
 from ..models._base import Model
 from ..tools._executor import Executor, ToolResult
 from ..tools._registry import Tool, ToolKind
-from ._events import CallEvent, Event, ReplyEvent, RequestEvent, ResultEvent, StopEvent
-from ._rebuild import RecordedFn
-from ._writer import Abandoned, RunLog
+from ..runlog._events import CallEvent, Event, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from ..runlog._rebuild import RecordedFn
+from ..runlog._writer import Abandoned, RunLog
 
 __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
            "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "comparable", "outcome_unknown"]

@@ -25,13 +25,13 @@ from .._stops import RunResult
 from ..models._base import Model
 from ..tools._executor import Executor
 from ..tools._registry import Tool, ToolKind
-from ._events import LogError, StopEvent
+from ..runlog._events import LogError, StopEvent
 from ._playback import (Diverged, PlaybackApproval, PlaybackExecutor, PlaybackLog, PlaybackModel,
                         PlaybackSignal, Recording)
-from ._reader import RunLogFile, read_log
-from ._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
+from ..runlog._reader import RunLogFile, read_log
+from ..runlog._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
                        model_of, policy_of, workspace_tools_of)
-from ._writer import RunLog
+from ..runlog._writer import RunLog
 
 __all__ = ["resume", "ResumeOutcome", "ResumeError"]
 
