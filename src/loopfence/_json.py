@@ -46,8 +46,26 @@ class JsonFileError(ValueError):
 
 
 def canonical_json(value: Any) -> str:
-    """Sorted keys, compact separators, UTF-8 kept as text."""
-    return _CANONICAL.encode(value)
+    """Sorted keys, compact separators, UTF-8 kept as text; numbers as RFC 8785 has them: an integral
+    float is its integer (`30.0` and `30` are one key: a float annotation or a server that sends
+    floats must not make the same call look new)."""
+    return _CANONICAL.encode(_numbers(value))
+
+
+_EXACT = float(2 ** 53)  # beyond it a float may not equal the integer it prints as
+
+
+def _numbers(value: Any) -> Any:
+    """`value` with integral floats as ints; containers copied only when something changed."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and -_EXACT <= value <= _EXACT else value
+    if isinstance(value, dict):
+        out = {k: _numbers(v) for k, v in value.items()}
+        return out if any(out[k] is not value[k] for k in out) else value
+    if isinstance(value, (list, tuple)):
+        items = [_numbers(v) for v in value]
+        return items if any(a is not b for a, b in zip(items, value)) else value
+    return value
 
 
 def fingerprint(value: Any) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._aio import in_thread, prefers_async
-from .._json import dumps
+from .._json import canonical_json, dumps
 from .._messages import Reply, Request
 from .._state import RunState
 from .._stops import StopError, StopReason
@@ -88,6 +88,8 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(dumps(record))
     for k in _VOLATILE:
         out.pop(k, None)
+    if isinstance(out.get("key"), str):  # logs written before keys normalized numbers: `30.0` is `30`
+        out["key"] = _canonical_key(out["key"])
     if out.get("event") == "stop":
         if isinstance(out.get("ledger"), dict):
             out["ledger"].pop("elapsed_s", None)
@@ -96,6 +98,14 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
             if isinstance(out.get("data"), dict):
                 out["data"].pop("value", None)
     return out
+
+
+def _canonical_key(key: str) -> str:
+    name, sep, args = key.partition(":")
+    try:
+        return f"{name}{sep}{canonical_json(json.loads(args))}" if sep else key
+    except ValueError:
+        return key
 
 
 def outcome_unknown(t: Tool, call: CallEvent) -> ToolResult:
