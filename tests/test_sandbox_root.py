@@ -212,3 +212,20 @@ def test_the_default_timeout_is_not_reported_as_lowered(tmp_path: Path) -> None:
     results = [json.loads(x) for x in log.read_text().splitlines() if '"event": "result"' in x
                or '"event":"result"' in x]
     assert results and all("lowered" not in r["content"] for r in results)
+
+
+def test_cgroups_left_by_a_killed_loopfence_are_swept(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopfence.tools import _cgroup
+
+    left = _cgroup.TreeCgroup.create("loopfence-left-by-a-kill", 8, None)
+    if left is None:
+        pytest.skip("no cgroup can be made on this machine")
+    try:
+        monkeypatch.setattr(_cgroup, "STALE_S", 3600.0)  # a fresh one is kept (its command may not have started)
+        _cgroup.TreeCgroup.create("loopfence-next-1", 8, None).remove()  # type: ignore[union-attr]
+        assert all(d.exists() for d in left.dirs)
+        monkeypatch.setattr(_cgroup, "STALE_S", -1.0)  # now it counts as old: empty, so it goes
+        _cgroup.TreeCgroup.create("loopfence-next-2", 8, None).remove()  # type: ignore[union-attr]
+        assert not any(d.exists() for d in left.dirs)
+    finally:
+        left.remove()

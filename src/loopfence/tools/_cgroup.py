@@ -36,6 +36,27 @@ def _own_paths() -> dict[str, str]:
     return found
 
 
+STALE_S = 60.0  # a command's cgroup this old and empty was left by a loopfence that was killed
+
+
+def _sweep(parent: Path) -> None:
+    """Remove empty `loopfence-*` cgroups older than STALE_S next to a new one: a loopfence killed
+    mid-command (SIGKILL) leaves its cgroup behind. rmdir refuses one that still has members, and
+    the age keeps a cgroup another loopfence just made (its command not started yet) safe."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        if entry.name.startswith("loopfence-"):
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime > STALE_S:
+                    os.rmdir(entry.path)
+            except OSError:
+                continue
+
+
 def _write(path: Path, value: str) -> bool:
     try:
         path.write_text(value)
@@ -71,6 +92,7 @@ class TreeCgroup:
             enabled = set((where.parent / "cgroup.subtree_control").read_text().split())
             if not wanted <= enabled:
                 return None
+            _sweep(where.parent)
             where.mkdir()
         except OSError:
             return None
@@ -92,6 +114,7 @@ class TreeCgroup:
         made: list[Path] = []
         for ctl, knob, value in plan:
             where = _ROOT / ctl / own.get(ctl, "/").lstrip("/") / name
+            _sweep(where.parent)
             try:
                 where.mkdir()
             except OSError:
