@@ -53,7 +53,9 @@ def test_openai_model_conforms_against_the_fake_server(servers: dict[str, FakeSe
     report = check_model(model(servers["ok"].base_url), slow=model(servers["stall"].base_url), failing=failing)
     print(report)
     assert "cancel" in report.passed and len([p for p in report.passed if p.startswith("failures")]) == 6
-    assert servers["stall"].served == 1  # the cancelled request, once: a cancel is never retried
+    # the cancelled request at most once (a cancel is never retried; under load the cancel may land
+    # before the request reached the server)
+    assert servers["stall"].served <= 1
 
 
 @pytest.mark.local_model
