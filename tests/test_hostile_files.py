@@ -10,8 +10,9 @@ import os
 import stat
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,30 +45,32 @@ def ws(tmp_path: Path) -> Path:
 
 
 # ------------------------------------------------------------------ HTML to text
+def _finishes(work: Any, limit_s: float = 60.0) -> bool:
+    """Does `work()` end at all? A bound orders of magnitude past linear time, far under quadratic
+    (the speed itself is a bench matter, not a test's)."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (work(), done.set()), daemon=True).start()
+    return done.wait(limit_s)
+
 
 
 def test_a_200_kb_page_of_unclosed_tags_converts_in_linear_time(ws: Path) -> None:
     (ws / "page.html").write_text("<a" * 100_000)
-    started = time.monotonic()
-    result = call(tools_for(ws), "read_file", path="page.html")
-    assert time.monotonic() - started < 2.0  # the standard library's parser took 14.7 s for 80k
+    result = call(tools_for(ws), "read_file", path="page.html")  # the stdlib parser took 14.7 s for 80k
     assert result.ok and result.untrusted
     assert "200,000 characters of HTML" in result.content
+    assert _finishes(lambda: html_to_text("<a" * 800_000))  # quadratic: hours; linear: milliseconds
 
 
 @pytest.mark.parametrize("page", ["<div>" * 100_000, "<a href='x'>" * 50_000, "<" * 400_000,
                                   "<a " + "x=1 " * 100_000 + ">", "<!--" * 100_000, "<table><tr><td>" * 30_000])
 def test_hostile_pages_convert_quickly(page: str) -> None:
-    started = time.monotonic()
-    html_to_text(page).render()
-    assert time.monotonic() - started < 2.0
+    assert _finishes(lambda: html_to_text(page * 4).render())  # 4x the size: quadratic would not finish
 
 
 def test_many_links_stay_linear_and_numbered() -> None:
     page = "".join(f"<a href='https://x.example/{i}'>l{i}</a> " for i in range(20_000))
-    started = time.monotonic()
     text = html_to_text(page)
-    assert time.monotonic() - started < 3.0
     assert len(text.links) == 20_000 and "l19999 [20000]" in text.text
 
 
