@@ -54,6 +54,7 @@ def _logs_match_the_published_schema() -> Iterator[None]:
     seen: set[tuple[Any, ...]] = set()
     bad: list[str] = []
     write = _writer.RunLog.write
+    _writer.RunLog.strict = True  # every record also through loopfence's own models before it is written
 
     def checked(self: Any, event: str, **fields: Any) -> dict[str, Any]:
         record = write(self, event, **fields)
@@ -71,5 +72,6 @@ def _logs_match_the_published_schema() -> Iterator[None]:
         yield
     finally:
         _writer.RunLog.write = write  # type: ignore[method-assign]
+        _writer.RunLog.strict = False
     assert not bad, f"{len(bad)} logged event shapes do not match `loopfence schema events`:\n" + \
         "\n".join(bad[:10])

@@ -74,24 +74,26 @@ def test_unknown_section_is_a_usage_error() -> None:
 
 
 def test_the_profile_drives_a_real_run_on_the_profiled_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The profile section samples the calling thread: the ring's event loop runs there (run() drives
-    its own loop on the caller's thread), so the ring's own code is what the profile shows."""
+    """The profile section samples the calling thread: it profiles `asyncio.run(arun(...))` with an
+    async tool, whose ring, model and tool all run there, so the ring's own code is what it shows."""
     import threading
 
-    from loopfence import RunLog, ScriptedModel, run, tool
-    from loopfence.testing import calls_reply, text_reply, tool_call
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.common import Workspace
+    from bench.frameworks import loopfence_fw
+    from bench.scripts import overhead_script
+    from bench.sections import profile
 
     threads: list[int] = []
+    real = loopfence_fw.SourceModel.complete
 
-    class Where(ScriptedModel):
-        async def acomplete(self, request):
-            threads.append(threading.get_ident())
-            return self.complete(request)
+    def where(self, request):  # type: ignore[no-untyped-def]
+        threads.append(threading.get_ident())
+        return real(self, request)
 
-    def where() -> str:
-        return "here"
-
-    result = run("t", model=Where([calls_reply(tool_call("where", "{}")), text_reply("done")]),
-                 tools=[tool(where)], log=RunLog(None))
-    assert result.final_answer == "done" and result.cpu_s is not None
-    assert threads == [threading.get_ident()] * 2
+    monkeypatch.setattr(loopfence_fw.SourceModel, "complete", where)
+    with Workspace() as ws:
+        go = loopfence_fw.prepare(overhead_script(3), ws, cap=100, unbounded=True, **profile.PROFILED)
+        outcome = go()
+    assert outcome.executions == 3 and outcome.answered
+    assert threads == [threading.get_ident()] * 4

@@ -18,8 +18,9 @@ import time
 
 import pytest
 
-from loopfence import Limits, RunLog, ScriptedModel, StopReason, run, tool
-from loopfence._aio import MAX_THREADS, worker_threads
+from loopfence import Limits, RunLog, ScriptedModel, StopReason, arun, run, tool
+from loopfence._aio import MAX_THREADS, interrupted, worker_threads
+from loopfence._runner import watchdog_threads
 from loopfence._loop import arun
 from loopfence.runlog import reconcile
 from loopfence.testing import calls_reply, text_reply, tool_call
@@ -364,6 +365,11 @@ def test_ctrl_c_between_operations_stops_before_the_next_one() -> None:
     class Pressing(Guard):
         def on_reply(self, s, calls) -> None:
             os.kill(os.getpid(), signal.SIGINT)
+            # run() waits on the caller's thread, which takes the signal: the guard returns once
+            # the run has registered it (a person's Ctrl-C lands wherever the ring happens to be)
+            give_up = time.monotonic() + 30
+            while not interrupted() and time.monotonic() < give_up:
+                time.sleep(0.001)
 
     ran: list[str] = []
 
@@ -465,12 +471,59 @@ def test_worker_threads_are_bounded_and_reused() -> None:
     for i in range(30):
         run("t", model=ScriptedModel([calls_reply(tool_call("noop", n=i)), text_reply("ok")]),
             tools=[tool(noop)], log=RunLog(None))
-    before = worker_threads()
+    before, threads = worker_threads(), _os_threads()
     for i in range(30):
         run("t", model=ScriptedModel([calls_reply(tool_call("noop", n=i)), text_reply("ok")]),
             tools=[tool(noop)], log=RunLog(None))
     assert worker_threads() == before <= MAX_THREADS  # idle workers took the new jobs
-    assert not [t for t in threading.enumerate() if t.name in ("loopfence-ring", "loopfence-watchdog")]
+    assert watchdog_threads() <= 1
+    give_up = time.monotonic() + 10  # a runner that handed over its result may still be returning
+    while _os_threads() > threads and time.monotonic() < give_up:
+        time.sleep(0.01)
+    assert _os_threads() <= threads  # each run's runner thread ended with it
+
+
+def _os_threads() -> int:
+    """Every thread of this process, those started with _thread included."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_a_sync_tool_runs_on_the_runs_own_thread_under_run_and_off_the_loop_under_arun() -> None:
+    """run(): the sync tool runs where the ring runs (no hand-off per call); arun(): on a worker,
+    so the caller's loop is never blocked by it."""
+    seen: dict[str, int] = {}
+
+    class Where(ScriptedModel):
+        async def acomplete(self, request):
+            seen.setdefault("ring", threading.get_ident())
+            return self.complete(request)
+
+    def where() -> str:
+        seen["tool"] = threading.get_ident()
+        return "x"
+
+    run("t", model=Where([calls_reply(tool_call("where", "{}")), text_reply("ok")]), tools=[tool(where)],
+        log=RunLog(None))
+    assert seen["tool"] == seen["ring"] != threading.get_ident()
+    seen.clear()
+    asyncio.run(arun("t", model=Where([calls_reply(tool_call("where", "{}")), text_reply("ok")]),
+                     tools=[tool(where)], log=RunLog(None)))
+    assert seen["tool"] != seen["ring"] == threading.get_ident()
+
+
+def test_a_sync_tool_may_run_its_own_event_loop() -> None:
+    """Inline under run(), no loop is running on the tool's thread: asyncio.run() inside works."""
+    async def fetch() -> str:
+        await asyncio.sleep(0)
+        return "fetched"
+
+    def wrapper() -> str:
+        return asyncio.run(fetch())
+
+    log = RunLog(None)
+    result = run("t", model=_call_then_answer("wrapper"), tools=[tool(wrapper)], log=log)
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    assert [e["content"] for e in _events(log, "result")] == ["fetched"]
 
 
 def test_cpu_seconds_of_the_run_are_reported() -> None:
@@ -501,9 +554,3 @@ def test_the_callers_context_vars_reach_the_model_and_tools() -> None:
     run("t", model=Seeing([calls_reply(tool_call("where", "{}")), text_reply("ok")]), tools=[tool(where)],
         log=RunLog(None))
     assert seen == ["req-42", "req-42", "req-42"]
-
-
-def test_the_thread_takeover_driver_is_gone() -> None:
-    import importlib.util
-
-    assert importlib.util.find_spec("loopfence._driver") is None

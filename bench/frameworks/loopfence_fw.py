@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncio
+import functools
 
 import loopfence
 from loopfence import Limits, Reply, Request, tool
@@ -55,16 +56,19 @@ class SyncSourceModel(SourceModel):
 
 
 def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False,
-            inline_tools: bool = False, sync_model: bool = False, entry: str = "run") -> Callable[[], Outcome]:
+            inline_tools: bool = False, sync_model: bool = False, async_tools: bool = False,
+            entry: str = "run") -> Callable[[], Outcome]:
     """Build the tools now; the returned call runs the loop (this is what the overhead section times).
 
-    Diagnostics: inline_tools: the tools run inline on the loop (no worker thread, no timeout);
-    sync_model: the model offers only a sync `complete` (a worker thread per request);
-    entry "arun": `asyncio.run(arun(...))` instead of `run(...)`.
+    Options: entry "arun": `asyncio.run(arun(...))` instead of `run(...)`; async_tools: each tool
+    is an `async def` (what an asyncio program hands to arun()). Diagnostics: inline_tools: the
+    tools run with isolation="inline" (no timeout); sync_model: the model offers only a sync
+    `complete`.
     """
     source = Source(script, cap)
     isolation = "inline" if inline_tools else None
-    tools = [tool(fn, kind=script.kinds.get(name, "side_effect"), isolation=isolation) for name, fn in ws.tools.items()]
+    tools = [tool(_as_async(fn) if async_tools else fn, kind=script.kinds.get(name, "side_effect"),
+                  isolation=isolation) for name, fn in ws.tools.items()]
     limits = UNBOUNDED if unbounded else Limits()
     model = (SyncSourceModel if sync_model else SourceModel)(source)
 
@@ -76,6 +80,16 @@ def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False,
         return Outcome(source.calls, ws.executions, ended, result.final_answer)
 
     return go
+
+
+def _as_async(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The same tool as an `async def` (same name, signature and schema)."""
+
+    @functools.wraps(fn)
+    async def afn(**kwargs: Any) -> Any:
+        return fn(**kwargs)
+
+    return afn
 
 
 def run_script(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False) -> Outcome:

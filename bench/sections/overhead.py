@@ -94,27 +94,30 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
         f"{GOAL_US} µs per step, flat in N; at most {GOAL_MIB} MiB at 1,000 steps.",
         table(["framework", *(f"µs/step @{n}" for n in ns), f"growth {ns[0]}→{ns[-1]}",
                f"peak MiB @{ns[-1]}"], rows),
-        "`loopfence` is `run()` (its own event loop on the calling thread), `loopfence arun()` is "
-        "`asyncio.run(arun(...))`. The script model offers `acomplete` (as ScriptedModel does) and the "
-        "no-op tool is a sync function, so each step has one worker-thread hand-off (the tool, under "
-        "its deadline). Diagnostics, not defaults: `(tools inline)` runs the tool on the loop "
-        "(`isolation=\"inline\"`: no thread, no timeout); `(sync model)` gives the model only a sync "
-        "`complete`, a second hand-off per step.",
+        "`loopfence` is `run()` with a sync no-op tool under its default 30 s timeout: the run's "
+        "event loop has a runner thread of its own, and the tool runs right there (a watchdog takes "
+        "the run over only if the deadline passes: no thread hand-off per call). `loopfence arun()` "
+        "is `asyncio.run(arun(...))` with the same tool as an `async def` (what an asyncio program "
+        "passes). The script model offers `acomplete` (as ScriptedModel does). Diagnostics, not "
+        "defaults: `(tools inline)` runs the tool with `isolation=\"inline\"` (no timeout); `(sync "
+        "model)` gives the model only a sync `complete` (it runs inline too); `arun() (sync tool)` "
+        "hands each call of a sync tool to a worker thread, as arun() must so as never to block the "
+        "caller's event loop: that hand-off is two cross-thread wake-ups, most of its cost per step.",
     ]
     data: dict[str, Any] = {"ns": list(ns), "reps": reps, "per_step_us": per_step, "peak_mib": peaks}
     if "loopfence" in frameworks:
         prof = profile.loopfence_profile(frameworks["loopfence"], ns[-1])
         if prof:
-            parts += [f"pyinstrument profile of one {ns[-1]:,}-step loopfence run (default limits "
-                      "lifted as above):", "```\n" + prof + "\n```"]
+            parts += [f"pyinstrument profile of one {ns[-1]:,}-step loopfence arun() (async tool; "
+                      "default limits lifted as above):", "```\n" + prof + "\n```"]
             data["profile"] = prof
     return Section(TITLE, "\n\n".join(parts), data)
 
 
-_VARIANTS = {"loopfence_arun": {"entry": "arun"}, "loopfence_inline": {"inline_tools": True},
-             "loopfence_sync_model": {"sync_model": True}}
+_VARIANTS = {"loopfence_arun": {"entry": "arun", "async_tools": True}, "loopfence_inline": {"inline_tools": True},
+             "loopfence_sync_model": {"sync_model": True}, "loopfence_arun_sync": {"entry": "arun"}}
 _LABELS = {"loopfence_arun": "loopfence arun()", "loopfence_inline": "loopfence (tools inline)",
-           "loopfence_sync_model": "loopfence (sync model)"}
+           "loopfence_sync_model": "loopfence (sync model)", "loopfence_arun_sync": "loopfence arun() (sync tool)"}
 
 
 def _label(frameworks: dict[str, ModuleType], name: str) -> str:

@@ -8,6 +8,9 @@ from ..common import CAP, Workspace
 from ..scripts import overhead_script
 
 MAX_LINES = 25  # the functions with the most self time
+# asyncio.run(arun(...)) with an async tool: the ring, the model and the tool all run on this thread
+# (run() drives the ring on a runner thread of its own, which a sampler of this thread would miss)
+PROFILED = {"entry": "arun", "async_tools": True}
 
 
 def loopfence_profile(fw: ModuleType, n: int) -> str | None:
@@ -16,7 +19,7 @@ def loopfence_profile(fw: ModuleType, n: int) -> str | None:
     except ImportError:
         return None
     with Workspace() as ws:
-        go = fw.prepare(overhead_script(n), ws, cap=CAP, unbounded=True)
+        go = fw.prepare(overhead_script(n), ws, cap=CAP, unbounded=True, **PROFILED)
         profiler = Profiler(interval=0.0005)  # samples this thread: the event loop the ring runs on
         profiler.start()
         try:

@@ -3,6 +3,8 @@
 - `within(deadline, aw)`: the one timeout path of the package. `aw` is awaited until the monotonic
   `deadline` (None: unbounded); past it the awaiting is cancelled and `Expired` is raised. A
   deadline already passed starts nothing.
+- `Blocking(fn, *args)`: a blocking call the ring makes (a sync model, a sync tool): under run()
+  it runs inline on the run's own runner thread (see _runner), elsewhere as `in_thread`.
 - `in_thread(fn, *args)`: a blocking call (a model with only a sync `complete`, a sync tool, an
   approval prompt) on a bounded pool of daemon worker threads, in a copy of the caller's context.
   When the awaiting is cancelled (timeout, Ctrl-C, task cancel) the run goes on without it: a job
@@ -25,10 +27,12 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
-__all__ = ["Expired", "within", "in_thread", "run_sync", "interrupted", "prefers_async", "Meter",
+from ._runner import DRIVE, Drive, close_loop, drive_sync
+
+__all__ = ["Blocking", "drive_sync", "Expired", "within", "in_thread", "run_sync", "interrupted", "prefers_async", "Meter",
            "METER", "CTRL_C", "MAX_THREADS", "worker_threads"]
 
 T = TypeVar("T")
@@ -74,6 +78,11 @@ async def within(deadline: float | None, aw: Awaitable[T]) -> T:
     if meter is not None:
         meter.pause()
     try:
+        if isinstance(aw, Blocking):  # a blocking call: inline under run(), else on a worker thread
+            d = aw.driver()
+            if d is not None:
+                return await _inline(d, aw, deadline)  # type: ignore[no-any-return]
+            aw = in_thread(aw.fn, *aw.args)
         if deadline is None:
             return await aw
         left = deadline - time.monotonic()
@@ -81,6 +90,12 @@ async def within(deadline: float | None, aw: Awaitable[T]) -> T:
             if inspect.iscoroutine(aw):
                 aw.close()  # never started
             raise Expired
+        if inspect.iscoroutine(aw):  # its synchronous start needs no timer (nothing could cut it)
+            try:
+                first = aw.send(None)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            aw = _Started(aw, first)
         scope = asyncio.timeout(left)
         try:
             async with scope:
@@ -92,6 +107,68 @@ async def within(deadline: float | None, aw: Awaitable[T]) -> T:
     finally:
         if meter is not None:
             meter.resume()
+
+
+class _Started:
+    """The rest of a coroutine already run up to its first suspension (it yielded `first`): awaiting
+    this goes on exactly as `await coro` would have (sends, throws and close passed through)."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self.coro, self.first = coro, first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, out = self.coro, self.first
+        while True:
+            try:
+                sent = yield out
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a cancel (or any throw) goes to the coroutine
+                try:
+                    out = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    out = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+
+class Blocking:
+    """`fn(*args)`, a blocking call the ring makes, to await: `within(deadline, Blocking(...))`
+    bounds it. Under run() it runs inline on the run's own runner thread (see _runner), elsewhere
+    on the worker pool (`in_thread`)."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+    def driver(self) -> Drive | None:
+        """The run() that may run this call inline: it drives the task awaiting it."""
+        d = DRIVE.get()
+        return d if d is not None and d.task is asyncio.current_task() else None
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return (yield from within(None, self).__await__())
+
+
+async def _inline(d: Drive, aw: Blocking, deadline: float | None) -> Any:
+    if deadline is not None and time.monotonic() >= deadline:
+        raise Expired  # never started
+    op = await d.inline(aw.fn, aw.args, deadline)
+    meter = METER.get()
+    if meter is not None:
+        meter.cpu += op.cpu
+    if op.how == "taken" and op.error is None:
+        raise Expired  # the run went on without it, on a new runner
+    if op.error is not None:
+        raise op.error
+    return op.value
 
 
 # -- the worker pool -------------------------------------------------------------------------------
@@ -254,6 +331,9 @@ _CTRL: contextvars.ContextVar[_CtrlC | None] = contextvars.ContextVar("loopfence
 def interrupted() -> bool:
     """Ctrl-C arrived for the run() driving this context (checked before each operation starts, so
     that a call never started is answered not_executed rather than outcome_unknown)."""
+    d = DRIVE.get()
+    if d is not None and d.pressed:
+        return True
     ctrl = _CTRL.get()
     return ctrl is not None and ctrl.pressed
 
@@ -280,20 +360,7 @@ def _on_new_loop(coro: Coroutine[Any, Any, T], box: dict[str, Any] | None = None
         with ctrl:
             return loop.run_until_complete(task)
     finally:
-        _close(loop)
-
-
-def _close(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel what is left (a second Ctrl-C left the run's task behind: it still writes its stop)."""
-    try:
-        left = asyncio.all_tasks(loop)
-        for t in left:
-            t.cancel()
-        if left:
-            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-    finally:
-        loop.close()
+        close_loop(loop)
 
 
 def _on_helper_thread(coro: Coroutine[Any, Any, T]) -> T:

@@ -49,7 +49,10 @@ def canonical_json(value: Any) -> str:
     """Sorted keys, compact separators, UTF-8 kept as text; numbers as RFC 8785 has them: an integral
     float is its integer (`30.0` and `30` are one key: a float annotation or a server that sends
     floats must not make the same call look new)."""
-    return _CANONICAL.encode(_numbers(value))
+    text = _CANONICAL.encode(value)
+    # An integral float within 2**53 always prints with ".0" (repr switches to exponents at 1e16):
+    # without that substring there is nothing to rewrite (the usual case: one C-speed scan).
+    return text if ".0" not in text else _CANONICAL.encode(_numbers(value))
 
 
 _EXACT = float(2 ** 53)  # beyond it a float may not equal the integer it prints as

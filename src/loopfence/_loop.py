@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ._aio import CTRL_C, METER, Expired, Meter, in_thread, interrupted, prefers_async, run_sync, within
+from ._aio import CTRL_C, METER, Blocking, Expired, Meter, drive_sync, interrupted, prefers_async, within
 from ._compact import Compaction
 from ._contract import CheckedCall, ContractResult, check_reply, requested_max_tokens
 from ._gate import ApprovalHook, UntrustedGate
@@ -121,7 +121,7 @@ def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[s
 
 def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
     """`adrive` from sync code (replay, resume, run()); Ctrl-C or a cancel returns the cancelled result."""
-    return run_sync(_to_stop(s, model, log, guards, executor))[0]
+    return drive_sync(_to_stop(s, model, log, guards, executor), lambda: asyncio.CancelledError(CTRL_C))[0]
 
 
 async def adrive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
@@ -202,17 +202,17 @@ class _Ops:
     def __init__(self, model: Model, executor: Executor, s: RunState) -> None:
         self.complete: Callable[[Request], Awaitable[Reply]] = \
             model.acomplete if prefers_async(model, "complete", "acomplete") else \
-            (lambda request: in_thread(model.complete, request))  # type: ignore[attr-defined]
+            (lambda request: Blocking(model.complete, request))  # type: ignore[attr-defined]
         count: Any = None
         if prefers_async(model, "count_tokens", "acount_tokens"):
             count = model.acount_tokens  # type: ignore[attr-defined]
         elif callable(sync := getattr(model, "count_tokens", None)):
-            count = lambda messages, tools: in_thread(sync, messages, tools)  # noqa: E731
+            count = lambda messages, tools: Blocking(sync, messages, tools)  # noqa: E731
         self.count = count
         s.counts_tokens = count is not None  # exact counts when the model offers them
         self.execute: Callable[..., Awaitable[ToolResult]] = \
             executor.aexecute if prefers_async(executor, "execute", "aexecute") else \
-            (lambda t, args, timeout_s: in_thread(executor.execute, t, args, timeout_s))
+            (lambda t, args, timeout_s: Blocking(executor.execute, t, args, timeout_s))
 
 
 async def _ring(s: RunState, ops: _Ops, log: RunLog, guards: Guards, final: list[str | None]) -> Stop:

@@ -75,12 +75,15 @@ class RunState:
         return min(budget) if budget else None
 
     # -- conversation ----------------------------------------------------------------------------
-    def append(self, message: dict[str, Any]) -> None:
+    def append(self, message: dict[str, Any]) -> int:
+        """Add a message to the conversation; its size in `text_units`."""
         text = canonical_json(message)
         self._chars += len(text)
         self.chain = hashlib.sha256(f"{self.chain}\n{text}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
         self.messages.append(message)
-        self.view.add(message, text_units(text))
+        units = text_units(text)
+        self.view.add(message, units)
+        return units
 
     def prompt_units(self) -> int:
         """Size of the outgoing prompt (after compaction) plus the tool schemas, in `text_units`."""
@@ -128,13 +131,13 @@ class RunState:
 
     def remember(self, reply: Reply, estimate: int) -> tuple[int, int]:
         """Append the reply, count its tokens (estimates where none were reported)."""
-        self.append(reply.message())
+        units = self.append(reply.message())
         self.pending = list(reply.tool_calls)
         self.ledger.tool_calls += len(reply.tool_calls)
         usage = reply.usage
         prompt = usage.prompt_tokens if usage and usage.prompt_tokens is not None else estimate
         completion = usage.completion_tokens if usage and usage.completion_tokens is not None else \
-            self.estimator.estimate(text_units(canonical_json(reply.message())))
+            self.estimator.estimate(units)
         if usage and usage.prompt_tokens:
             self.estimator.calibrate(self._last_prompt_units, usage.prompt_tokens)
             self._anchor = (*self._sent, usage.prompt_tokens)

@@ -21,8 +21,9 @@ HELP = "check that a run log adds up (calls vs results, ledger vs events, the st
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("reconcile", help=HELP, description=(
         "Check a run log's invariants: every requested call has exactly one result, the ledger "
-        "matches the events, token totals match the replies' usage, the stop is last and its limit "
-        "was really reached, and no final answer was overwritten. Exit 0 when all hold, 1 when any "
+        "matches the events, token totals match the replies' usage, the stop is last and the guards "
+        "the ring runs, fed the log, stop where it stops (its limit was really reached), and no final "
+        "answer was overwritten. Exit 0 when all hold, 1 when any "
         "fails, 2 when the file is not a readable run log."))
     p.add_argument("log", metavar="LOG.jsonl", help="the run log")
 

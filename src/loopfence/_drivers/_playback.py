@@ -12,6 +12,11 @@ Three parts stand in for the ring's collaborators and share one cursor over the 
 
 The clock follows the log: while playing, `state.t0` is set so that `elapsed()` is the recorded `t`
 of the last consumed event, so wall-clock checks see the time the recorded run saw.
+
+What is compared is the log's choice: `comparable` (replay, resume: every field but the timing) or
+`decisions` (reconcile: what the ring decided, not what it computed; see `_drivers/_refold.py`).
+`Playback` wires the parts (state from the header, recorded gate, the guards) for replay and
+reconcile's fold.
 """
 
 from __future__ import annotations
@@ -23,19 +28,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._aio import in_thread, prefers_async
+from .._gate import Taint, UntrustedGate
+from .._guards import Guard, Guards, default_guards
 from .._json import canonical_json, dumps
+from .._limits import Limits
+from .._loop import drive, new_state
 from .._messages import Reply, Request
 from .._state import RunState
-from .._stops import StopError, StopReason
+from .._stops import RunResult, StopError, StopReason
 from ..models._base import Model
 from ..tools._executor import Executor, ToolResult
-from ..tools._registry import Tool, ToolKind
+from ..tools._registry import Registry, Tool, ToolKind
 from ..runlog._events import CallEvent, Event, ReplyEvent, RequestEvent, ResultEvent, StopEvent
-from ..runlog._rebuild import RecordedFn
+from ..runlog._reader import RunLogFile
+from ..runlog._rebuild import RecordedFn, compaction_of, gate_of, messages_of, policy_of
 from ..runlog._writer import Abandoned, RunLog
 
 __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
-           "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "comparable", "outcome_unknown"]
+           "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "Playback", "comparable", "decisions",
+           "outcome_unknown"]
 
 _VOLATILE = ("seq", "t", "duration_s")
 _MARKERS = ("resume", "retry")  # recorded, never written again by a playback
@@ -97,6 +108,31 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
             out.pop("detail", None)
             if isinstance(out.get("data"), dict):
                 out["data"].pop("value", None)
+    return out
+
+
+# Per event kind, the fields that say what the ring decided (reconcile's fold compares only these).
+_DECIDED: dict[str, tuple[str, ...]] = {
+    "request": ("step",), "reply": ("step",),
+    "call": ("step", "tool_call_id", "name", "decision", "reason"),
+    "result": ("step", "tool_call_id", "name", "decision"),
+    "gate": ("step", "name", "decision"),
+    "stop": ("reason",),
+}
+
+
+def decisions(record: dict[str, Any]) -> dict[str, Any] | None:
+    """An event as reconcile's fold compares it: what the ring decided (a request was sent, a call
+    was executed, reused, refused or rejected, the gate's answer, the stop's reason), not what it
+    computed from the recording (fingerprints, usage, contents, the ledger: reconcile's other
+    invariants check those). None, not compared on either side: an execution's logged intent
+    (intent_before_execution checks that each execution has one) and the gate's `tainted` (an
+    input to the fold, which cannot see the workspace the live tools sniffed content in)."""
+    kind = record.get("event")
+    if (kind == "call" and record.get("intent")) or (kind == "gate" and record.get("decision") == "tainted"):
+        return None
+    picked = {k: record.get(k) for k in _DECIDED.get(str(kind), ())}
+    out: dict[str, Any] = json.loads(dumps({"event": kind, **picked}))
     return out
 
 
@@ -176,15 +212,21 @@ class PlaybackLog(RunLog):
     """Compares what the ring writes with the recording; switches to `go_live` when it runs out."""
 
     def __init__(self, recording: Recording, state: RunState, *, what_if: bool = False,
-                 go_live: Callable[[PlaybackLog], RunLog] | None = None) -> None:
+                 go_live: Callable[[PlaybackLog], RunLog] | None = None,
+                 compare: Callable[[dict[str, Any]], dict[str, Any] | None] = comparable) -> None:
         self.live: RunLog | None = None
         super().__init__(None)
         self.rec = recording
         self.state = state
         self.what_if = what_if
         self.go_live = go_live
+        self.compare = compare  # an event as compared; None: not compared (on either side)
         self.detached: Divergence | None = None  # what-if: where the run left the recording
         self.unknown_intent: CallEvent | None = None  # resume: intent logged, outcome not
+        self.echoed: StopEvent | None = None  # the recorded stop a stand-in raised (the ring did not decide it)
+        # recorded events the ring is given rather than asked to write again: taken as soon as they
+        # come up when this answers True for them (reconcile's fold: the gate's taint)
+        self.inputs: Callable[[Event], bool] | None = None
         self._set_clock(recording.last_t)
         self._advance()
 
@@ -205,8 +247,12 @@ class PlaybackLog(RunLog):
         record = {"event": event, **fields}
         if self.detached is not None:
             return super().write(event, **fields)
-        expected = self.rec.peek()
-        got, want = comparable(record), comparable(expected.raw) if expected else None
+        got = self.compare(record)
+        expected, want = self._next_compared()  # the recording's uncompared events are passed
+        if got is None:  # not compared (and its counterpart in the recording, if any, was passed)
+            self.events.append(record)
+            self._advance()
+            return record
         if got != want:
             step = fields.get("step")
             d = Divergence(step if isinstance(step, int) else self.step(), expected.line if expected else 0,
@@ -221,9 +267,26 @@ class PlaybackLog(RunLog):
         self._advance()
         return e.raw
 
+    def _next_compared(self) -> tuple[Event | None, dict[str, Any] | None]:
+        """The next recorded event that is compared, and how; the ones before it are passed."""
+        while (e := self.rec.peek()) is not None:
+            given = self.inputs is not None and self.inputs(e)
+            want = None if given else self.compare(e.raw)
+            if want is not None:
+                return e, want
+            self.rec.take()
+            self._set_clock(e.t)
+        return None, None
+
+    def recorded_stop(self, stop: StopEvent) -> StopError:
+        """The recorded stop, raised by a stand-in (the recorded model call or tool ended the run)."""
+        self.echoed = stop
+        return StopError(StopReason(stop.reason), stop.detail, **stop.data)
+
     def _advance(self) -> None:
         """Past resume markers and retries (the recorded replies are not retried); the clock to a recorded wall-clock stop; live when the log ends."""
-        while (e := self.rec.peek()) is not None and e.kind in _MARKERS:
+        while (e := self.rec.peek()) is not None and (
+                e.kind in _MARKERS or (self.inputs is not None and self.inputs(e))):
             self.rec.take()
             self._set_clock(e.t)
         if (wall := self.rec.wall_stop_t()) is not None:
@@ -282,7 +345,7 @@ class PlaybackModel:
         if isinstance(nxt, ReplyEvent):
             return nxt.reply()
         if isinstance(nxt, StopEvent):  # the recorded model call ended the run
-            raise StopError(StopReason(nxt.reason), nxt.detail, **nxt.data)
+            raise self.log.recorded_stop(nxt)
         raise RecordingEnded(request.step, f"the model is asked for step {request.step}, "
                              "and the recording has no reply for it")
 
@@ -335,17 +398,19 @@ class PlaybackExecutor(Executor):
         interrupted = log.rec.stop_ahead() if isinstance(nxt, ResultEvent) and \
             nxt.error == "outcome_unknown" else None
         if interrupted is not None:  # the recorded run was stopped (Ctrl-C) while this tool ran
-            raise StopError(StopReason(interrupted.reason), interrupted.detail, **interrupted.data)
+            raise log.recorded_stop(interrupted)
         if isinstance(nxt, ResultEvent) and nxt.decision == "executed":
             if not self.rerun or isinstance(t.fn, RecordedFn) or nxt.error == "outcome_unknown":
+                violation = nxt.raw.get("violation")  # recorded on the result (older logs: the stop's detail)
                 stop = log.rec.stop
-                violation = stop.detail if stop is not None and stop.reason == "schema_mismatch" and \
-                    log.rec.pos == log.rec.settled else None
+                if not isinstance(violation, str):
+                    violation = stop.detail if stop is not None and stop.reason == "schema_mismatch" and \
+                        log.rec.pos == log.rec.settled else None
                 return nxt.tool_result(violation)
             return await self._run(t, args, timeout_s)
         stop = log.rec.stop_ahead() if not log.detached else None
         if stop is not None:  # the recorded run was interrupted while this tool ran
-            raise StopError(StopReason(stop.reason), stop.detail, **stop.data)
+            raise log.recorded_stop(stop)
         raise RecordingEnded(log.step(), f"{t.name} is to run, and the recording has no result for it")
 
     async def _run(self, t: Tool, args: dict[str, Any], timeout_s: float | None) -> ToolResult:
@@ -373,3 +438,47 @@ class PlaybackApproval:
             return bool(self.live(call, reason)) if self.live is not None else False
         nxt = None if self.log.detached else self.log.rec.peek()
         return nxt is not None and nxt.kind == "gate" and nxt.raw.get("decision") == "approved"
+
+
+@dataclass
+class Playback:
+    """The ring set up to run again over a finished log: the state the header describes, the recorded
+    replies, results and approvals, and the guards the ring runs (over `limits`, with the recorded
+    gate). Replay and reconcile's fold both start here; resume wires its own (it goes live)."""
+
+    state: RunState
+    log: PlaybackLog
+    model: PlaybackModel
+    guards: Guards
+    executor: PlaybackExecutor
+
+    @classmethod
+    def of(cls, recorded: RunLogFile, registry: Registry, limits: Limits, *, guards: list[Guard] | None = None,
+           what_if: bool = False, compare: Callable[[dict[str, Any]], dict[str, Any] | None] = comparable,
+           live: Executor | None = None, logged_taint: bool = False) -> Playback:
+        """`live`: an executor that runs the tools for real, compared with the recording (replay
+        --execute-tools). `logged_taint`: the gate is tainted where the log says it was (its
+        `tainted` events), as well as where it sees untrusted results itself: the recorded tools
+        carry no workspace provenance to recognize a page's text by. LogError when the header
+        cannot be turned back into a run."""
+        h, path = recorded.header, recorded.path
+        state = new_state(registry, limits, policy_of(h, path), h.params, messages_of(h), compaction_of(h, path))
+        plog = PlaybackLog(Recording(recorded.events), state, what_if=what_if, compare=compare)
+        gate = gate_of(h, path, PlaybackApproval(plog))
+        if logged_taint:
+            plog.inputs = lambda e: _taint(gate, e)
+        return cls(state, plog, PlaybackModel(plog), default_guards(state.limits, guards, gate),
+                   PlaybackExecutor(plog, live, rerun=live is not None))
+
+    def drive(self) -> RunResult:
+        """The ring to its stop; raises Diverged (unless what-if) or RecordingEnded."""
+        return drive(self.state, self.model, self.log, self.guards, self.executor)
+
+
+def _taint(gate: UntrustedGate, e: Event) -> bool:
+    """A recorded `tainted` gate event, given to the gate (without logging it again)."""
+    if e.kind != "gate" or e.raw.get("decision") != "tainted":
+        return False
+    step, source = e.raw.get("step"), e.raw.get("source")
+    gate.mark(Taint(step if isinstance(step, int) else 0, str(source or e.raw.get("name"))))
+    return True

@@ -19,17 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._guards import Guard, default_guards
-from .._loop import drive, new_state
+from .._guards import Guard
 from .._stops import RunResult
 from ..tools._executor import Executor
 from ..tools._registry import Tool
 from ..runlog._events import LogError, StopEvent
-from ._playback import (Diverged, Divergence, PlaybackApproval, PlaybackExecutor, PlaybackLog,
-                        PlaybackModel, RecordingEnded, Recording)
+from ._playback import Diverged, Divergence, Playback, RecordingEnded
 from ..runlog._reader import RunLogFile, read_log
-from ..runlog._rebuild import (compaction_of, gate_of, gated_names, limits_of, messages_of, policy_of,
-                       registry_of, workspace_tools_of)
+from ..runlog._rebuild import gated_names, limits_of, registry_of, workspace_tools_of
 
 __all__ = ["replay", "ReplayReport"]
 
@@ -102,14 +99,11 @@ def replay(path: str | Path | RunLogFile, *, limits: Mapping[str, Any] | None = 
     try:
         registry = registry_of(h, [t for t in live_tools if _same_schema(h, t)], gated_names(log.events))
         real = any(any(t is x for x in live_tools) for t in registry)
-        state = new_state(registry, limits_of(h, log.path, overrides), policy_of(h, log.path),
-                          h.params, messages_of(h), compaction_of(h, log.path))
-        plog = PlaybackLog(Recording(log.events), state, what_if=bool(overrides))
-        gate = gate_of(h, log.path, PlaybackApproval(plog))
-        executor = PlaybackExecutor(plog, Executor() if real else None, rerun=real)
+        playback = Playback.of(log, registry, limits_of(h, log.path, overrides), guards=guards,
+                               what_if=bool(overrides), live=Executor() if real else None)
+        plog, executor = playback.log, playback.executor
         try:
-            result = drive(state, PlaybackModel(plog), plog, default_guards(state.limits, guards, gate),
-                           executor)
+            result = playback.drive()
         except Diverged as exc:
             return ReplayReport(log.path, recorded, None, exc.divergence, overrides=overrides,
                                 executed=tuple(executor.ran))

@@ -3,6 +3,9 @@
 The ledger in the stop event must match what the log shows happened, every requested call must
 have exactly one result, the stop must be the last line and its limit must really have been
 reached, and no final answer may have been overwritten by a later budget stop.
+
+The stop itself is not judged by rules written here: the log is folded through the ring with the
+guards it runs (`_drivers/_refold.py`), which must stop where the log stops, for its reason.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._contract import check_call, check_reply
+from .._contract import check_reply
+from .._drivers._refold import refold
+from .._guards import Guard
 from .._messages import Reply
 from .._stops import StopReason, Verdict
 from ._events import CallEvent, LogError, ReplyEvent, ResultEvent, StopEvent
 from ._reader import RunLogFile, read_log
 from ._rebuild import recorded_limits, recorded_policy, registry_of
-from ._stopcheck import StopFacts, limit_reached
 
 __all__ = ["Check", "Reconciliation", "reconcile", "INVARIANTS"]
 
@@ -33,7 +37,7 @@ INVARIANTS = {
     "tokens": "ledger token totals = the sum of the replies' usage",
     "stop_is_last": "exactly one stop, and it is the last event",
     "stop_reason_known": "the stop reason is in the vocabulary and the verdict fits it",
-    "limit_reached": "the limit the stop names was really reached by the counts in the log",
+    "limit_reached": "the guards the ring runs, fed the log, stop where the log stops, for its reason",
     "no_overwritten_answer": "no final answer existed before a later stop",
 }
 
@@ -73,8 +77,9 @@ class _Turn:
     parsed: Reply | None
 
 
-def reconcile(path: str | Path | RunLogFile) -> Reconciliation:
-    """Check every invariant; LogError only when the file is not a readable run log."""
+def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = None) -> Reconciliation:
+    """Check every invariant; LogError only when the file is not a readable run log. `guards`: fresh
+    instances of the extra guards the run had (the header does not record them), as for replay."""
     log = path if isinstance(path, RunLogFile) else read_log(path)
     turns = [_turn(e) for e in log.events if isinstance(e, ReplyEvent)]
     stops = [e for e in log.events if isinstance(e, StopEvent)]
@@ -94,7 +99,7 @@ def reconcile(path: str | Path | RunLogFile) -> Reconciliation:
         _tokens(ledger, turns, stop),
         _stop_last(log, stops),
         _stop_known(stop),
-        _limit(log, stop, turns, results, calls),
+        _limit(log, stop, guards),
         _overwritten(log, turns),
     ]
     return Reconciliation(log.path, tuple(checks))
@@ -208,69 +213,24 @@ def _stop_known(stop: StopEvent | None) -> Check:
     return Check("stop_reason_known", True, f"{stop.reason} ({stop.verdict})")
 
 
-def _limit(log: RunLogFile, stop: StopEvent | None, turns: list[_Turn], results: list[ResultEvent],
-           calls: list[CallEvent]) -> Check:
+def _limit(log: RunLogFile, stop: StopEvent | None, guards: list[Guard] | None) -> Check:
+    """The stop re-checked by the guards themselves: the log folded through the ring (_drivers/_refold)."""
     if stop is None or stop.reason not in set(StopReason):
         return Check("limit_reached", False, "no valid stop to check")
     try:
-        limits = recorded_limits(log.header.limits)
+        recorded_limits(log.header.limits)
     except (TypeError, ValueError) as exc:
         return Check("limit_reached", False, f"header limits unreadable: {exc}")
     try:
-        scope = recorded_policy(log.header.policy).repeat_scope
+        recorded_policy(log.header.policy)
     except (TypeError, ValueError) as exc:
         return Check("limit_reached", False, f"header policy unreadable: {exc}")
-    facts = StopFacts(stop, limits, log.header.params, turns=[t.parsed for t in turns],
-                      requests=sum(e.kind == "request" for e in log.events), results=results,
-                      keys=_keys(log, turns, calls), prompt_used=sum(t.reply.prompt_tokens for t in turns),
-                      completion_used=sum(t.reply.completion_tokens for t in turns),
-                      kinds={s.name: s.kind for s in log.header.tools},
-                      last_kind=_before_stop(log), steps=[t.step for t in turns],
-                      result_keys=_result_keys(log), repeat_scope=scope)
-    ok, detail = limit_reached(facts)
-    return Check("limit_reached", ok, detail)
-
-
-def _before_stop(log: RunLogFile) -> str | None:
-    """The kind of the last event before the stop, leaving out the stop's own bookkeeping (the
-    calls it left unrun get `not_executed` results), resume markers and retries."""
-    events = [e for e in log.events if e.kind not in ("stop", "resume", "retry") and not _bookkeeping(e)]
-    return events[-1].kind if events else None
-
-
-def _bookkeeping(e: Any) -> bool:
-    return e.kind in ("call", "result") and e.raw.get("decision") == "refused" and \
-        "not_executed" in (e.raw.get("reason"), e.raw.get("error"))
-
-
-def _keys(log: RunLogFile, turns: list[_Turn], calls: list[CallEvent]) -> list[set[str]]:
-    """Per reply: the canonical keys it asked for (logged where known, else recomputed)."""
-    logged = {(c.step, c.tool_call_id): c.key for c in calls if c.key}
-    registry = registry_of(log.header)
-    out = []
-    for t in turns:
-        keys = set()
-        for c in t.parsed.tool_calls if t.parsed else ():
-            key = logged.get((t.step, c.id))
-            if key is None:
-                checked = check_call(c, registry)
-                key = getattr(checked, "key", None)
-            if key is not None and registry.get(c.name) is not None:
-                keys.add(key)
-        out.append(keys)
-    return out
-
-
-def _result_keys(log: RunLogFile) -> list[str | None]:
-    """Per result, in order: the canonical key its call event logged (None for a rejected call)."""
-    last: dict[tuple[int, str], str | None] = {}
-    out: list[str | None] = []
-    for e in log.events:
-        if isinstance(e, CallEvent):
-            last[(e.step, e.tool_call_id)] = e.key
-        elif isinstance(e, ResultEvent):
-            out.append(last.get((e.step, e.tool_call_id)))
-    return out
+    try:
+        verdict = refold(log, guards)
+    except (TypeError, ValueError) as exc:  # LogError among them: the header is not a run to fold
+        why = exc.message if isinstance(exc, LogError) else str(exc)
+        return Check("limit_reached", False, f"the header cannot be turned back into a run: {why}")
+    return Check("limit_reached", verdict.ok, verdict.detail)
 
 
 def _overwritten(log: RunLogFile, turns: list[_Turn]) -> Check:
