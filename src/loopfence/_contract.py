@@ -55,10 +55,12 @@ def canonical_key(name: str, bound_args: dict[str, Any]) -> str:
 
 
 def requested_max_tokens(params: dict[str, Any]) -> int | None:
-    """The completion cap a request asks for (`max_tokens`, or the newer `max_completion_tokens`)."""
+    """The completion cap a request asks for (`max_tokens`, or the newer `max_completion_tokens`).
+    Only a positive integer is a cap (llama.cpp reads 0 or -1 as none): anything else is not, and
+    the run's own bound (`RunState.max_tokens`) is sent in its place."""
     for name in ("max_tokens", "max_completion_tokens"):
         value = params.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return value
     return None
 

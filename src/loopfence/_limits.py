@@ -18,6 +18,7 @@ class Limits:
     max_tool_calls: int | None = 24
     max_prompt_tokens: int | None = 60_000
     max_completion_tokens: int | None = 8_000
+    max_tokens_per_request: int | None = 4_096  # the `max_tokens` every request carries, at most
     max_wall_seconds: float | None = 900.0
     tool_timeout_s: float | None = 30.0
     max_repeats: int | None = 3  # replies asking for one call with nothing changed in between
@@ -45,7 +46,7 @@ class Limits:
 
 
 _INT = {"max_steps", "max_tool_calls", "max_prompt_tokens", "max_completion_tokens",
-        "max_repeats", "max_identical_results", "max_cycle_repeats", "context_window"}
+        "max_tokens_per_request", "max_repeats", "max_identical_results", "max_cycle_repeats", "context_window"}
 _FLOAT = {"max_wall_seconds", "tool_timeout_s"}
 
 
@@ -65,6 +66,9 @@ def _coerce(name: str, value: Any) -> Any:
     if name in _INT:
         if int(value) != value:
             raise ValueError(f"limit {name} must be a whole number, got {value!r}")
+        if name == "max_tokens_per_request" and value < 1:
+            raise ValueError(f"limit max_tokens_per_request must be at least 1 (a request may generate "
+                             f"nothing otherwise), or null for no per-request cap; got {value!r}")
         if name == "max_cycle_repeats" and value < 2:
             raise ValueError(f"limit max_cycle_repeats must be at least 2 (a block seen once is not a "
                              f"cycle), or null to turn cycle detection off; got {value!r}")

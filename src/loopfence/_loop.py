@@ -232,7 +232,8 @@ async def _ring(s: RunState, ops: _Ops, log: RunLog, guards: Guards, final: list
         log.write("reply", step=request.step, raw=reply.raw, complete=reply.complete,
                   problem=reply.problem, finish_reason=reply.finish_reason,
                   usage={"prompt_tokens": prompt, "completion_tokens": completion,
-                         "reported": reply.usage is not None and reply.usage.prompt_tokens is not None},
+                         "reported": reply.usage is not None and reply.usage.prompt_tokens is not None,
+                         **s.charge_note},
                   duration_s=round(time.monotonic() - started, 6))
         checked = check_reply(reply, s.registry, requested_max_tokens(s.params))
         calls, stop, results = _settle_contract(s, log, reply, checked, final)  # stop gate

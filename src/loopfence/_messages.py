@@ -141,10 +141,15 @@ def _parse_calls(msg: dict[str, Any]) -> tuple[ToolCall, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """What the ring sends: the conversation, the tool schemas, request parameters, a deadline."""
+    """What the ring sends: the conversation, the tool schemas, request parameters, a deadline,
+    and the most tokens the reply may generate (`max_tokens`: the smaller of what is left of the
+    run's max_completion_tokens, max_tokens_per_request and a `max_tokens` in params; None:
+    unbounded). An adapter sends it as the endpoint's own cap, so the server stops a runaway
+    generation; `params` stay what the user gave (what the run log records)."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     params: dict[str, Any]
     deadline: float | None = None  # time.monotonic() value the request must not outlive
     step: int = 0
+    max_tokens: int | None = None

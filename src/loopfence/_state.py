@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._compact import Compaction, ElidedAwareCache, OutgoingView
+from ._contract import requested_max_tokens
 from ._json import canonical_json
 from ._limits import Ledger, Limits, Policy
 from ._messages import Reply, Request, ToolCall
@@ -16,7 +18,24 @@ from .runlog._writer import RunLog
 from .tools._executor import ResultCache, ToolResult
 from .tools._registry import Registry, ToolKind
 
-__all__ = ["RunState"]
+__all__ = ["RunState", "generated_text", "least_tokens", "LEAN_UNITS_PER_TOKEN"]
+
+# A floor under a reported completion count: every reply in the recorded wire captures
+# (tests/data/wire/) reported at most 5.6 text units per completion token, so an honest count is not
+# below units / 8; a count far below it (6,418 tokens generated, 24 reported) is not honest.
+LEAN_UNITS_PER_TOKEN = 8
+_SPACES = re.compile(r"\s+")
+
+
+def generated_text(reply: Reply) -> str:
+    """What a reply generated itself: its text, and each call's name and arguments."""
+    return (reply.content or "") + "".join(c.name + c.raw_arguments for c in reply.tool_calls)
+
+
+def least_tokens(text: str) -> int:
+    """A lean estimate of the tokens `text` took to generate (a run of whitespace counts as one
+    space: one token can hold many): what a reported count is never below when it is honest."""
+    return text_units(_SPACES.sub(" ", text)) // LEAN_UNITS_PER_TOKEN
 
 
 @dataclass
@@ -46,6 +65,7 @@ class RunState:
     _tools_units: int = 0
     _tools_fp: str = ""
     _last_prompt_units: int = 0
+    charge_note: dict[str, Any] = field(default_factory=dict)  # the last reply's usage, beyond its counts
 
     def __post_init__(self) -> None:
         tools = canonical_json(self.registry.schemas())
@@ -122,22 +142,43 @@ class RunState:
     def request_fingerprint(self) -> str:
         return f"{self.chain}:{self._tools_fp}"
 
+    def max_tokens(self) -> int | None:
+        """The most tokens the next reply may generate: the smallest of what is left of
+        max_completion_tokens, max_tokens_per_request and a `max_tokens` (or
+        `max_completion_tokens`) in params; None when all three are unlimited. Never below 1 (0 or
+        less reads as "no limit" to llama.cpp): with nothing left, the completion guard stops first."""
+        caps = [self.limits.max_tokens_per_request, requested_max_tokens(self.params)]
+        total = self.limits.max_completion_tokens
+        if total is not None:
+            caps.append(total - self.ledger.completion_tokens)
+        known = [c for c in caps if c is not None]
+        return max(1, min(known)) if known else None
+
     def request(self) -> Request:
         self._last_prompt_units = self.prompt_units()
         self._sent = (self.view.added, self.view.saved)
         self.view.mark_sent()
         return Request(list(self.view.messages), self.registry.schemas(), dict(self.params),
-                       self.deadline(), self.ledger.model_requests + 1)
+                       self.deadline(), self.ledger.model_requests + 1, self.max_tokens())
 
     def remember(self, reply: Reply, estimate: int) -> tuple[int, int]:
-        """Append the reply, count its tokens (estimates where none were reported)."""
+        """Append the reply, count its tokens: an estimate where none was reported (0 completion
+        tokens for a reply that generated nothing, e.g. an empty stream); where the reported
+        completion count is below what the reply's own text takes at the least (`least_tokens`),
+        that floor, noted in `charge_note` (the reply event's usage says so)."""
         units = self.append(reply.message())
         self.pending = list(reply.tool_calls)
         self.ledger.tool_calls += len(reply.tool_calls)
         usage = reply.usage
         prompt = usage.prompt_tokens if usage and usage.prompt_tokens is not None else estimate
-        completion = usage.completion_tokens if usage and usage.completion_tokens is not None else \
-            self.estimator.estimate(units)
+        reported = usage.completion_tokens if usage else None
+        self.charge_note = {}
+        if reported is None:
+            completion = self.estimator.estimate(units) if reply.content or reply.tool_calls else 0
+        else:
+            completion = max(reported, least_tokens(generated_text(reply)))
+            if completion > reported:
+                self.charge_note = {"charged": "estimate", "completion_reported": reported}
         if usage and usage.prompt_tokens:
             self.estimator.calibrate(self._last_prompt_units, usage.prompt_tokens)
             self._anchor = (*self._sent, usage.prompt_tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--workspace", metavar="DIR", default=".", help="folder the file tools work in (default: .)")
     p.add_argument("--limit", metavar="NAME=VALUE", action="append", default=[],
                    help="override a limit, e.g. max_steps=5, max_wall_seconds=none, no_progress=off")
+    p.add_argument("--param", metavar="NAME=VALUE", action="append", default=[],
+                   help="a request parameter sent with every request (repeatable; VALUE is JSON when it "
+                   "parses, else text), e.g. tool_choice=none, tool_choice=required, max_tokens=256")
     p.add_argument("--log", metavar="PATH", help="run log path (default: runs/run-<time>.jsonl)")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--on-bad-call", choices=["fail", "feedback"], default="fail",
@@ -98,8 +102,34 @@ def _local_model() -> Model:
         raise UsageError(str(exc)) from None
 
 
+_NOT_PARAMS = ("model", "messages", "tools", "stream", "stream_options")  # the adapter's own
+
+
+def params_from_flags(pairs: list[str]) -> dict[str, Any]:
+    """`--param NAME=VALUE` flags: VALUE as JSON when it parses (numbers, true, null, objects),
+    else as text (`tool_choice=auto`)."""
+    params: dict[str, Any] = {}
+    for text in pairs:
+        name, sep, raw = text.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f"--param expects NAME=VALUE, got {text!r}")
+        if name in _NOT_PARAMS:
+            raise UsageError(f"--param {name}: set by loopfence itself, not a request parameter")
+        try:
+            params[name] = json.loads(raw, parse_constant=_not_json)
+        except ValueError:
+            params[name] = raw
+    return params
+
+
+def _not_json(word: str) -> Any:
+    raise ValueError(f"{word} is not JSON")  # NaN, Infinity: kept as text
+
+
 def main(args: argparse.Namespace) -> int:
     limits = limits_from_flags(args.limit)
+    params = params_from_flags(getattr(args, "param", None) or [])
     workspace = Path(args.workspace)
     if not workspace.is_dir():
         raise UsageError(f"--workspace {workspace}: not a folder")
@@ -118,6 +148,7 @@ def main(args: argparse.Namespace) -> int:
                                                              trust_globs=args.trust, hide_env=args.hide_env,
                                                              allow_hardlinks=args.allow_hardlinks),
                  limits=limits, policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,
+                 params=params,
                  approve=approve, compaction=compaction,
                  header={"workspace": str(workspace.resolve()), "unsandboxed": args.unsandboxed,
                          "sandbox": "none" if args.unsandboxed else "bubblewrap",

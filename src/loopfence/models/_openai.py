@@ -66,7 +66,7 @@ class OpenAIModel:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, *,
                  stream: bool = False, timeout: Timeouts | None = None, max_retries: int = 3,
                  retry_after_cap: float = 30.0, backoff_base: float = 0.5, backoff_max: float = 8.0,
-                 request_timeout: float | None = None, tool_choice: Any = None,
+                 request_timeout: float | None = None, tool_choice: Any = "auto",
                  extra_params: dict[str, Any] | None = None, include_usage: bool = True,
                  transport: httpx.AsyncBaseTransport | None = None, seed: int | None = None,
                  limits: httpx.Limits | None = None) -> None:
@@ -215,7 +215,14 @@ class OpenAIModel:
 
     def body(self, request: Request) -> dict[str, Any]:
         """The JSON body sent for `request` (params may not override model, messages, tools, stream).
-        The run's messages are not changed; an assistant `content: null` is sent as ""."""
+        The run's messages are not changed; an assistant `content: null` is sent as "".
+
+        With tools, `tool_choice` goes too: the model's (default "auto", the OpenAI default, said
+        out loud: llama-cpp-python's server ignores tools sent without it), unless params (or
+        extra_params) set one; a `tool_choice` of None there sends none. Without tools, neither
+        goes. `request.max_tokens` (the run's bound) goes as `max_tokens`, or under the name the
+        params use (`max_completion_tokens`, which OpenAI's newer models want), never above
+        a value the params give. A stream asks for its usage (`stream_options.include_usage`)."""
         body = {**self.extra_params, **request.params}
         for k in _OURS:
             body.pop(k, None)
@@ -224,11 +231,15 @@ class OpenAIModel:
         body["messages"] = [_outgoing(m) for m in request.messages]
         if request.tools:
             body["tools"] = request.tools
-            if self.tool_choice is not None:
-                body.setdefault("tool_choice", self.tool_choice)
+            if "tool_choice" not in body:
+                body["tool_choice"] = self.tool_choice
+            if body["tool_choice"] is None:
+                del body["tool_choice"]
         else:
             body.pop("tool_choice", None)
             body.pop("parallel_tool_calls", None)
+        if request.max_tokens is not None:
+            _cap_tokens(body, request.max_tokens)
         if self.stream:
             body["stream"] = True
             if self.include_usage:
@@ -274,6 +285,19 @@ class OpenAIModel:
                             "(max_wall_seconds)")
         raise StopError(StopReason.ENDPOINT_ERROR, f"{what} took longer than request_timeout="
                         f"{self.request_timeout:g}s", request_timeout=self.request_timeout)
+
+
+_TOKEN_CAPS = ("max_tokens", "max_completion_tokens")
+
+
+def _cap_tokens(body: dict[str, Any], cap: int) -> None:
+    """Every completion cap in `body` at most `cap` (a value that is not a positive integer is
+    replaced); `max_tokens: cap` when there is none."""
+    names = [n for n in _TOKEN_CAPS if n in body] or ["max_tokens"]
+    for name in names:
+        given = body.get(name)
+        ok = isinstance(given, int) and not isinstance(given, bool) and given >= 1
+        body[name] = min(given, cap) if ok else cap
 
 
 def _outgoing(message: dict[str, Any]) -> dict[str, Any]:

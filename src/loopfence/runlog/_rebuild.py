@@ -43,7 +43,8 @@ def recorded_tool(spec: ToolSpec, privileged: bool = False) -> Tool:
 
 
 # Rules added after logs were first written: a header without them comes from a run without them.
-_LIMITS_BEFORE: dict[str, Any] = {"max_cycle_repeats": None}  # no cycle detection
+_LIMITS_BEFORE: dict[str, Any] = {"max_cycle_repeats": None,  # no cycle detection
+                                   "max_tokens_per_request": None}  # no per-request cap
 _POLICY_BEFORE: dict[str, Any] = {"repeat_scope": "run"}  # repeats counted over the whole run
 
 

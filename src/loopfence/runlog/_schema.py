@@ -89,8 +89,12 @@ class Usage(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # what the ledger charged
     reported: bool = False
+    # the endpoint reported fewer completion tokens than the reply's own text takes at the least:
+    # the ledger charged that estimate ("estimate"); what was reported (absent in older logs)
+    charged: Literal["estimate"] | None = None
+    completion_reported: int | None = None
 
 
 class ReplyLine(LogEvent):
