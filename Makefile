@@ -11,18 +11,18 @@ BENCH  := $(BENCH_VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: run test test-fast sandbox local bench clean
+.PHONY: run test test-fast sandbox chromium local bench clean
 
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[mcp,otel,test]"
 	touch $@
 
 # The embedded model: llama-cpp-python compiles from source (about 5 minutes on 2 cores, cached after).
 $(LOCAL): $(BASE)
 	@echo "installing loopfence[local] (llama-cpp-python builds from source the first time; ~5 min)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[local,test]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[local,mcp,otel,test]"
 	touch $@
 
 # bubblewrap for run_command's sandbox; installed where this machine lets us.
@@ -32,6 +32,14 @@ sandbox:
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }; \
 	  else sudo -n apt-get install -y -q bubblewrap >/dev/null 2>&1; fi; \
 	  command -v bwrap >/dev/null 2>&1 || echo "warning: bubblewrap missing: run_command will fail closed"; }
+
+# Debian's chromium for the report's browser tests (Playwright drives /usr/bin/chromium; no download).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; \
+	  else sudo -n apt-get install -y -q chromium >/dev/null 2>&1; fi; \
+	  command -v chromium >/dev/null 2>&1 || echo "warning: chromium missing: the report's browser tests skip"; }
 
 # The sample task on the sample workspace, with the embedded model (no server, no key). Logs go to runs/.
 # chatml-function-calling shows the tools to the model only when there is a system message.
@@ -45,10 +53,10 @@ run: $(LOCAL) sandbox
 	@$(VENV)/bin/loopfence run "Make a note from pages/tl-intro.html" --workspace runs/workspace \
 	  --system "$(RUN_SYSTEM)"; rc=$$?; [ $$rc -le 1 ]
 
-test: $(LOCAL) sandbox
+test: $(LOCAL) sandbox chromium
 	$(PY) -m pytest
 
-test-fast: $(BASE) sandbox
+test-fast: $(BASE) sandbox chromium
 	$(PY) -m pytest -m "not slow and not local_model"
 
 # Benchmarks: the peers (bench/requirements.txt) go into their own venv, never into loopfence's.

@@ -17,6 +17,8 @@ from loopfence import Limits
 from loopfence._limits import parse_limit
 from loopfence.testing import text_reply
 
+from _cli_support import drill_file_error
+
 EXE = [sys.executable, "-m", "loopfence"]
 
 
@@ -78,7 +80,7 @@ def test_a_drill_file_with_an_infinite_limit_names_the_field(tmp_path: Path) -> 
     doc = json.dumps({"name": "x", "task": "t", "replies": [text_reply("done")],
                       "limits": {"max_steps": 12}}).replace('"max_steps": 12', '"max_steps": 1e400')
     (tmp_path / "s.json").write_text(doc, encoding="utf-8")
-    line = one_line_error(lf("drill", "s.json", "--out", str(tmp_path / "out"), cwd=tmp_path))
+    line = drill_file_error(lf("drill", "s.json", "--out", str(tmp_path / "out"), cwd=tmp_path))
     assert "s.json: limits.max_steps:" in line and "finite" in line
 
 

@@ -112,7 +112,7 @@ def test_the_table_is_printed(tmp_path: Path, capsys: Any) -> None:
 def test_empty_or_malformed_file_is_exit_2(tmp_path: Path, capsys: Any, content: str, field: str) -> None:
     p = write(tmp_path, content)
     rc, rows, err = drill(capsys, str(p), "--json", "--out", str(tmp_path / "out"))
-    assert rc == 2 and rows == []
+    assert rc == 2 and [(r["file"], r["pass"]) for r in rows] == [(str(p), False)] and field in rows[0]["error"]
     assert str(p) in err and field in err and "Traceback" not in err
 
 
@@ -128,7 +128,7 @@ def test_empty_or_malformed_file_is_exit_2(tmp_path: Path, capsys: Any, content:
     ({"limits": {"max_steps": "many"}}, "limits.max_steps", "must be a number"),
     ({"limits": {"no_progress": "off"}}, "limits.no_progress", "true or false"),
     ({"policy": {"on_bad_call": "retry"}}, "policy", "on_bad_call"),
-    ({"replies": [{"choices": []}]}, "replies[0]", "not a chat.completions response"),
+    ({"replies": [{"choices": [{"index": 0}]}]}, "replies[0]", "not a chat.completions response"),
     ({"replies": [{"status": 99}]}, "replies[0].status", "HTTP status"),
     ({"replies": [{"chunks": [1]}]}, "replies[0].chunks", "[0] must be a chunk object"),
     ({"replies": [{"sse": "data: x", "extra": 1}]}, "replies[0].extra", "unknown key"),
@@ -157,7 +157,7 @@ def test_bad_fields_are_named(tmp_path: Path, capsys: Any, change: dict, field: 
             data[k] = v
     p = write(tmp_path, data)
     rc, rows, err = drill(capsys, str(p), "--json", "--out", str(tmp_path / "out"))
-    assert rc == 2 and rows == [], err
+    assert rc == 2 and [r["stop"] for r in rows] == [None] and f"{p}: {field}: " in rows[0]["error"], err
     line = err.strip().replace("\n", " ")
     assert f"{p}: {field}: " in line and words in line and "Traceback" not in err
 
@@ -169,12 +169,13 @@ def test_unknown_fault_form_is_named(tmp_path: Path, capsys: Any) -> None:
     assert rc == 2 and f"{p}: replies[0]: " in err and "unknown fault" in err
 
 
-def test_bad_file_is_reported_before_anything_runs(tmp_path: Path, capsys: Any) -> None:
+def test_a_bad_file_is_an_error_row_and_the_others_run(tmp_path: Path, capsys: Any) -> None:
     write(tmp_path, scenario(), "a.json")
     write(tmp_path, "", "b.json")
     rc, rows, err = drill(capsys, str(tmp_path), "--json", "--out", str(tmp_path / "out"))
-    assert rc == 2 and rows == [] and "b.json" in err
-    assert not (tmp_path / "out").exists()
+    assert rc == 2 and "b.json" in err
+    assert [(r["name"], r["pass"]) for r in rows] == [("read-then-answer", True), ("b", False)]
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["passed"] is False
 
 
 @pytest.mark.parametrize("make", ["missing", "empty-folder"])

@@ -44,7 +44,8 @@ def test_a_file_and_a_folder_of_the_same_name_is_exit_2(tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     assert rc == 2
     assert f"{p}: workspace.a/b:" in err and "Traceback" not in err
-    assert not (tmp_path / "out").exists()
+    [row] = json.loads((tmp_path / "out" / "results.json").read_text())["scenarios"]  # an error row
+    assert row["pass"] is False and f"{p}: workspace.a/b:" in row["error"]
 
 
 def test_siblings_and_nested_files_are_fine(tmp_path: Path) -> None:

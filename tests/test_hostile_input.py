@@ -23,6 +23,8 @@ from loopfence.runlog import read_log, reconcile
 from loopfence._drivers._replay import replay
 from loopfence.testing import calls_reply, text_reply, tool_call
 
+from _cli_support import drill_file_error
+
 EXE = [sys.executable, "-m", "loopfence"]
 DEEP = 100_000
 
@@ -174,10 +176,10 @@ def test_a_deep_script_line_is_one_line_naming_file_line_and_limit(tmp_path: Pat
     assert f"s.jsonl:2: JSON over a limit: nested 100,000 levels deep (the limit is {MAX_DEPTH})" in line
 
 
-def test_a_deep_drill_file_is_one_line(tmp_path: Path) -> None:
+def test_a_deep_drill_file_is_an_error_row_naming_it(tmp_path: Path) -> None:
     (tmp_path / "deep.json").write_text('{"name": "x", "task": ' + "[" * DEEP + "]" * DEEP + "}")
-    line = one_line_error(lf("drill", str(tmp_path / "deep.json"), "--out", str(tmp_path / "out"),
-                             cwd=tmp_path))
+    line = drill_file_error(lf("drill", str(tmp_path / "deep.json"), "--out", str(tmp_path / "out"),
+                               cwd=tmp_path))
     assert "deep.json: JSON over a limit: nested 100,001 levels deep" in line
 
 

@@ -252,3 +252,55 @@ def test_a_scripted_subclass_overriding_complete_is_honoured_by_acomplete() -> N
             return ScriptedModel([text_reply("loud")]).complete(request)
 
     assert asyncio.run(Loud([OK]).acomplete(req())).content == "loud"
+
+
+
+def test_concurrent_first_requests_probe_the_server_once() -> None:
+    """A hundred runs starting at once on one loop send one GET /props, not a hundred."""
+    import asyncio as _asyncio
+    import json as _json
+    import threading as _threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from loopfence import Limits, RunLog, arun
+    from loopfence.models import OpenAIModel
+    from loopfence.testing import text_reply
+
+    gets: list[str] = []
+    body = _json.dumps(text_reply("done")).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            gets.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    _threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        model = OpenAIModel(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", model="m")
+
+        async def main() -> list:
+            return await _asyncio.gather(*(arun("t", model=model, log=RunLog(None), limits=Limits())
+                                           for _ in range(100)))
+
+        results = _asyncio.run(main())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert all(r.stop.reason == "final_answer" for r in results)
+    assert [p for p in gets if p.endswith("/props")] == ["/props"]

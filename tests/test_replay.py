@@ -165,13 +165,15 @@ def test_execute_tools_reruns_for_real_in_a_fresh_copy(good: Path, ws: Path) -> 
 def test_execute_tools_catches_what_the_log_did_not_record(good: Path, ws: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     (ws / "app" / "config.py").write_text("DEBUG = False\n")  # the world moved under the log
-    report = replay(good, execute_tools=True)
+    with pytest.raises(LogError, match="changed app/config.py"):  # the header's manifest says so first
+        replay(good, execute_tools=True)
+    report = replay(good, execute_tools=True, workspace_as_is=True)  # run anyway: the result shows it
     d = report.divergence
     assert not report.ok and d is not None and d.got is not None and d.expected is not None
     assert d.got["event"] == "result" and "DEBUG = False" in d.got["content"]
     assert "DEBUG = True" in d.expected["content"]
     assert replay(good).ok  # recorded results still replay: no side effects, no disk
-    assert cli(["replay", str(good), "--execute-tools"]) == 1
+    assert cli(["replay", str(good), "--execute-tools", "--workspace-as-is"]) == 1
     assert "DEBUG = False" in capsys.readouterr().err
 
 

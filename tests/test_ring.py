@@ -429,3 +429,13 @@ def test_a_model_raising_system_exit_ends_the_run_cancelled_then_exits(tmp_path)
     assert last["event"] == "stop" and last["reason"] == str(StopReason.CANCELLED)
     assert "SystemExit(7)" in last["detail"]
     assert reconcile(log).ok
+
+
+def test_cost_budget_stops_before_the_request_it_cannot_pay_for(ws):
+    """$0.001 a reply (100 completion tokens at $10/MTok) and $0.001 reserved: the third request would
+    make $0.003 > $0.0025, so it is never sent (issue 19; tests/test_policies.py has the rest)."""
+    replies = [calls_reply(tool_call("list_dir", path=p), usage=(10, 100)) for p in (".", "app", "src")]
+    result, events, model = _go(ws, replies, prices={"*": (0.0, 10.0)},
+                                limits=Limits(max_cost_usd=0.0025, max_tokens_per_request=100))
+    assert result.stop.reason is StopReason.MAX_COST_USD and model.served == 2
+    assert events[-1]["ledger"]["cost_usd"] == pytest.approx(0.002)

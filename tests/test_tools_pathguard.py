@@ -122,7 +122,7 @@ def test_missing_file_lists_the_similar_existing_name(tmp_path: Path) -> None:
     result = call(tools_for(ws), "read_file", path="pages/pi-post-text-text.txt", page=4)
     data = body(result)
     assert data == {"ok": False, "error": "missing_file", "path": "pages/pi-post-text-text.txt",
-                    "cwd": str(ws.resolve()), "hint": "do_not_retry_same_path",
+                    "cwd": ".", "hint": "do_not_retry_same_path",
                     "similar": data["similar"], "message": data["message"]}
     assert data["similar"][0] == "pages/pi-post-text.txt"
     assert len(data["similar"]) <= 3

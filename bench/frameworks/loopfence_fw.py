@@ -9,7 +9,7 @@ import asyncio
 import functools
 
 import loopfence
-from loopfence import Limits, Reply, Request, tool
+from loopfence import Limits, Policy, Reply, Request, tool
 from loopfence import arun as lf_arun
 from loopfence import run as lf_run
 from loopfence.testing import calls_reply, text_reply, tool_call
@@ -57,13 +57,14 @@ class SyncSourceModel(SourceModel):
 
 def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False,
             inline_tools: bool = False, sync_model: bool = False, async_tools: bool = False,
-            entry: str = "run") -> Callable[[], Outcome]:
+            entry: str = "run", nudge: bool = False) -> Callable[[], Outcome]:
     """Build the tools now; the returned call runs the loop (this is what the overhead section times).
 
     Options: entry "arun": `asyncio.run(arun(...))` instead of `run(...)`; async_tools: each tool
     is an `async def` (what an asyncio program hands to arun()). Diagnostics: inline_tools: the
     tools run with isolation="inline" (no timeout); sync_model: the model offers only a sync
-    `complete`.
+    `complete`. nudge: Policy(nudge=True), one message before the first repetition stop (waste's
+    extra row).
     """
     source = Source(script, cap)
     isolation = "inline" if inline_tools else None
@@ -73,7 +74,7 @@ def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False,
     model = (SyncSourceModel if sync_model else SourceModel)(source)
 
     def go() -> Outcome:
-        args = dict(model=model, tools=tools, limits=limits,
+        args = dict(model=model, tools=tools, limits=limits, policy=Policy(nudge=nudge),
                     log=ws.root / "loopfence-run.jsonl")  # a real file, flushed per event
         result = asyncio.run(lf_arun("Do the task.", **args)) if entry == "arun" else lf_run("Do the task.", **args)
         ended = "cap" if source.capped else f"{result.stop.reason} ({result.verdict})"
@@ -92,5 +93,6 @@ def _as_async(fn: Callable[..., Any]) -> Callable[..., Any]:
     return afn
 
 
-def run_script(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False) -> Outcome:
-    return prepare(script, ws, cap=cap, unbounded=unbounded)()
+def run_script(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False,
+               nudge: bool = False) -> Outcome:
+    return prepare(script, ws, cap=cap, unbounded=unbounded, nudge=nudge)()

@@ -5,10 +5,12 @@
     result.stop.reason, result.verdict, result.ledger
     result = await arun(...)  # the core, on a running event loop (same arguments and result)
     async for event in stream(...): ...  # the run's typed events as they happen, ending with the stop
+    batch("episodes.jsonl", model=..., out="runs/job")  # many runs, one results table (abatch: async)
 """
 
 from typing import Any
 
+from ._batch import abatch, batch
 from ._compact import Compaction
 from ._contract import CheckedCall
 from ._gate import UntrustedGate, approve_all, deny_all
@@ -19,6 +21,7 @@ from ._messages import Reply, Request, ToolCall, Usage
 from ._state import RunState
 from ._stops import RunResult, Stop, StopReason, Verdict
 from ._stream import RunStream, stream
+from .mcp import mcp_tools  # tools from MCP servers (loopfence[mcp]); the SDK loads when a group opens
 from .models import Model, ScriptedModel
 from .runlog import RunLog
 from .tools import Registry, Tool, ToolKind, ToolResult, refusal, tool, workspace_tools
@@ -27,8 +30,8 @@ __all__ = [
     "CheckedCall", "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model",
     "OpenAIModel", "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "RunState", "RunStream",
     "ScriptedModel", "Stop", "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate",
-    "Usage", "Verdict", "approve_all", "arun", "deny_all", "refusal", "run", "stream", "tool",
-    "workspace_tools",
+    "Usage", "Verdict", "abatch", "approve_all", "arun", "batch", "deny_all", "instrument", "mcp_tools",
+    "refusal", "run", "stream", "tool", "workspace_tools",
 ]
 __version__ = "0.1.0"
 
@@ -39,4 +42,8 @@ def __getattr__(name: str) -> Any:
         from . import models
 
         return getattr(models, name)
+    if name == "instrument":  # OpenTelemetry (loopfence[otel]) loads only when asked for
+        from .otel import instrument
+
+        return instrument
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,11 @@ before_execution (per call, before it runs or is reused; may also return a ToolR
 or an awaitable of either, for a decision that waits on something (the gate's approval hook): the
 ring awaits it, then the later guards run),
 after_execution (per result), after_turn (once every call of a reply has its result).
+
+The last answer (Policy(last_answer=True)) is asked only if every before_request guard lets it
+through with `s.final_request` set: StepLimit lets it past max_steps (the one request that may go
+there), the completion and cost budgets reserve `last_answer_tokens` for it. `nudge_for` says what
+replaces a repetition stop under Policy(nudge=True).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from ._contract import requested_max_tokens
-from ._repeats import CycleTrail, RepeatCounts, Streak, describe_cycle, outcome_fingerprint
+from ._repeats import CycleTrail, RepeatCounts, Streak, call_text, describe_cycle, outcome_fingerprint
 from ._stops import Stop, StopReason
 from .tools._registry import ToolKind
 
@@ -26,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Guard", "Guards", "StepLimit", "ToolCallLimit", "PromptTokenLimit", "CompletionTokenLimit",
     "WallClock", "RepeatedCall", "RepeatedResult", "RepeatedCycle", "NoProgress", "ResultContract",
-    "default_guards",
+    "CostLimit", "default_guards", "NUDGED", "nudge_for", "nudging",
 ]
 
 
@@ -55,7 +60,7 @@ class StepLimit(Guard):
 
     def before_request(self, s: RunState) -> Stop | None:
         n = s.ledger.model_requests
-        if self.limit is not None and n >= self.limit:
+        if self.limit is not None and n >= self.limit and not s.final_request:
             return Stop(StopReason.MAX_STEPS, f"the next model request would exceed max_steps={self.limit} "
                         f"({n} requests made)", {"limit": self.limit, "value": n + 1})
         return None
@@ -105,11 +110,37 @@ class CompletionTokenLimit(Guard):
         if self.limit is None:
             return None
         used = s.ledger.completion_tokens
-        reserve = requested_max_tokens(s.params) or 0
+        last = s.final_request and s.last_answer_reserve() is not None
+        reserve = (s.last_answer_reserve() if last else requested_max_tokens(s.params)) or 0
         if used >= self.limit or used + reserve > self.limit:
+            by = "last_answer_tokens (the last answer)" if last else "max_tokens"
             return Stop(StopReason.MAX_COMPLETION_TOKENS, f"the next request would exceed "
-                        f"max_completion_tokens={self.limit}: {used} used + {reserve} reserved by max_tokens",
+                        f"max_completion_tokens={self.limit}: {used} used + {reserve} reserved by {by}",
                         {"limit": self.limit, "value": used + reserve})
+        return None
+
+
+class CostLimit(Guard):
+    """Dollars: spent so far + the next prompt's estimate at the input price + the request's reserved
+    `max_tokens` at the output price must fit `max_cost_usd`, else the request is not sent. The price
+    is the run's (`s.price`: the start model's, then the last reply's model's)."""
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+
+    def before_request(self, s: RunState) -> Stop | None:
+        if self.limit is None or s.price is None:
+            return None
+        p, spent = s.price, s.ledger.cost_usd or 0.0
+        est, reserve = s.next_prompt_estimate(), s.max_tokens() or 0
+        prompt_usd, out_usd = p.cost(est, 0), p.cost(0, reserve)
+        total = round(spent + prompt_usd + out_usd, 9)
+        if total > self.limit:
+            return Stop(StopReason.MAX_COST_USD, f"the next request would exceed max_cost_usd={self.limit:g}: "
+                        f"${spent:.6f} spent + ${prompt_usd:.6f} for the next prompt (~{est} tokens at "
+                        f"${p.input_per_mtok:g}/MTok) + ${out_usd:.6f} for {reserve} reserved completion tokens "
+                        f"(at ${p.output_per_mtok:g}/MTok, {p.model}); not sent",
+                        {"limit": self.limit, "value": total})
         return None
 
 
@@ -184,6 +215,10 @@ class RepeatedResult(Guard):
             return Stop(StopReason.REPEATED_RESULT, f"{n} executed results in a row with "
                         f"fingerprint {fp} (max_identical_results={self.limit})",
                         {"limit": self.limit, "value": n, "fingerprint": fp})
+        if n == self.limit and nudging(s):  # one more stops the run: say so now (Policy.nudge)
+            s.warn(Stop(StopReason.REPEATED_RESULT, f"{n} executed results in a row with fingerprint {fp}: "
+                        f"one more stops the run (max_identical_results={self.limit})",
+                        {"limit": self.limit, "value": n, "fingerprint": fp, "warning": True}), c)
         return None
 
 
@@ -194,12 +229,23 @@ class RepeatedCycle(Guard):
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.trail = CycleTrail(limit or 2)
+        self.early: CycleTrail | None = None  # Policy.nudge: the block back one time fewer warns
 
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
         if self.limit is None or r.decision != "executed" or c.tool.kind is ToolKind.POLL:
             return None
-        block = self.trail.add(c.key, outcome_fingerprint(r.content))
+        fp = outcome_fingerprint(r.content)
+        block = self.trail.add(c.key, fp)
+        if self.early is None and s.policy.nudge and self.limit > 2:  # (a block seen once is no cycle)
+            self.early = CycleTrail(self.limit - 1)
+        soon = self.early.add(c.key, fp) if self.early is not None else None
         if block is None:
+            if soon is not None and nudging(s):
+                times = self.limit - 1
+                s.warn(Stop(StopReason.REPEATED_RESULT, f"{describe_cycle(soon, times)}: one more round stops "
+                            f"the run (max_cycle_repeats={self.limit})",
+                            {"limit": self.limit, "value": times, "period": len(soon), "warning": True,
+                             "cycle": [k for k, _ in soon], "fingerprints": [f for _, f in soon]}), c)
             return None
         return Stop(StopReason.REPEATED_RESULT, f"{describe_cycle(block, self.limit)} "
                     f"(max_cycle_repeats={self.limit})",
@@ -227,6 +273,41 @@ class ResultContract(Guard):
         if r.violation:
             return Stop(StopReason.SCHEMA_MISMATCH, r.violation)
         return None
+
+
+NUDGED = frozenset({StopReason.REPEATED_CALL, StopReason.REPEATED_RESULT, StopReason.NO_PROGRESS})
+
+
+def nudging(s: RunState) -> bool:
+    """Policy(nudge=True) and the run's one nudge not given yet."""
+    return s.policy.nudge and not s.ledger.nudges
+
+
+def nudge_for(s: RunState, stop: Stop, c: CheckedCall | None = None,
+              calls: list[CheckedCall] | None = None) -> str | None:
+    """Under Policy(nudge=True), the message that replaces the run's first repetition stop (`c`: the
+    call it was raised for; `calls`: the turn's, for no_progress), saying exactly what happened;
+    None when the stop stands (nudge off, a nudge already given, another reason)."""
+    if not nudging(s) or stop.reason not in NUDGED:
+        return None
+    d = stop.data
+    tail = ("Repeating it will not tell you anything new. Try something different, or give your final "
+            "answer from what you already know; the next repetition ends the run.")
+    if stop.reason is StopReason.REPEATED_CALL and isinstance(key := d.get("key"), str):
+        fp = s.outcomes.get(key)
+        seen = f"its result has not changed (fingerprint {fp})" if fp else "it has no new result"
+        return (f"loopfence: you asked for {call_text(key)} in {d.get('value')} replies with nothing changed "
+                f"in between; {seen}. It was not run again. {tail}")
+    if stop.reason is StopReason.REPEATED_RESULT and "cycle" in d:
+        return f"loopfence: {stop.detail}: the same calls keep giving the same results. {tail}"
+    if stop.reason is StopReason.REPEATED_RESULT:
+        last = f", the last from {call_text(c.key)}" if c is not None else ""
+        return (f"loopfence: the last {d.get('value')} tool results were identical (fingerprint "
+                f"{d.get('fingerprint')}){last}. {tail}")
+    keys = list(dict.fromkeys(x.key for x in calls or ()))
+    asked = "; ".join(f"{call_text(k)} (result fingerprint {s.outcomes.get(k, '?')})" for k in keys)
+    return (f"loopfence: every call of your last reply was answered from an earlier result, so nothing new "
+            f"was learned{': ' + asked if asked else ''}. {tail}")
 
 
 class Guards(Guard):
@@ -293,6 +374,7 @@ def default_guards(limits: Any, extra: list[Guard] | None = None, gate: Guard | 
         WallClock(limits.max_wall_seconds), StepLimit(limits.max_steps),
         PromptTokenLimit(limits.max_prompt_tokens, limits.context_window),
         CompletionTokenLimit(limits.max_completion_tokens),
+        *([CostLimit(limits.max_cost_usd)] if getattr(limits, "max_cost_usd", None) is not None else []),
         RepeatedCall(limits.max_repeats), *([gate] if gate else []), ToolCallLimit(limits.max_tool_calls),
         ResultContract(), RepeatedResult(limits.max_identical_results),
         RepeatedCycle(limits.max_cycle_repeats), NoProgress(limits.no_progress),

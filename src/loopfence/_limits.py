@@ -26,6 +26,12 @@ class Limits:
     max_cycle_repeats: int | None = 3  # a block of 2-3 calls back this many times, identical results
     no_progress: bool = True
     context_window: int | None = None
+    # dollars: spent + the next prompt's estimate + its reserved max_tokens, at the model's price
+    # (genai-prices, or the run's `prices=`), must fit before each request is sent
+    max_cost_usd: float | None = None
+    # the most tokens the last answer may generate (Policy(last_answer=True)): its own reservation,
+    # which must still fit max_completion_tokens and max_cost_usd; None: the usual per-request bound
+    last_answer_tokens: int | None = 512
 
     def replace(self, **changes: Any) -> Limits:
         return dataclasses.replace(self, **changes)
@@ -46,8 +52,9 @@ class Limits:
 
 
 _INT = {"max_steps", "max_tool_calls", "max_prompt_tokens", "max_completion_tokens",
-        "max_tokens_per_request", "max_repeats", "max_identical_results", "max_cycle_repeats", "context_window"}
-_FLOAT = {"max_wall_seconds", "tool_timeout_s"}
+        "max_tokens_per_request", "max_repeats", "max_identical_results", "max_cycle_repeats", "context_window",
+        "last_answer_tokens"}
+_FLOAT = {"max_wall_seconds", "tool_timeout_s", "max_cost_usd"}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -66,9 +73,9 @@ def _coerce(name: str, value: Any) -> Any:
     if name in _INT:
         if int(value) != value:
             raise ValueError(f"limit {name} must be a whole number, got {value!r}")
-        if name == "max_tokens_per_request" and value < 1:
-            raise ValueError(f"limit max_tokens_per_request must be at least 1 (a request may generate "
-                             f"nothing otherwise), or null for no per-request cap; got {value!r}")
+        if name in ("max_tokens_per_request", "last_answer_tokens") and value < 1:
+            raise ValueError(f"limit {name} must be at least 1 (a request may generate "
+                             f"nothing otherwise), or null for no cap of its own; got {value!r}")
         if name == "max_cycle_repeats" and value < 2:
             raise ValueError(f"limit max_cycle_repeats must be at least 2 (a block seen once is not a "
                              f"cycle), or null to turn cycle detection off; got {value!r}")
@@ -106,18 +113,33 @@ class Policy:
     asking for a call again (max_repeats): `repeat_scope="change"` (default) counts the replies asking
     for it since another call changed the world (an executed side-effecting call with a different
     canonical key), so the same test after an edit is a new question; `"run"` counts over the whole run.
+
+    `nudge=True`: the run's first repetition stop (repeated_call, repeated_result, no_progress) is
+    replaced by one message telling the model exactly what happened, and the run goes on; the next
+    one ends it. `last_answer=True`: a run that stops for max_steps, max_tool_calls,
+    max_wall_seconds (with time left), no_progress or a repetition makes one more request with
+    tools disabled for the best answer from what is known (`RunResult.last_answer`; the verdict
+    stays KILL). Both off by default.
     """
 
     on_bad_call: Literal["fail", "feedback"] = "fail"
     max_bad_calls: int | None = 2
     repeat_scope: Literal["change", "run"] = "change"
+    nudge: bool = False
+    last_answer: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """As the log header records it; `nudge` and `last_answer` only when on (a header without
+        them reads as off, as every log written before they existed)."""
+        out = dataclasses.asdict(self)
+        for flag in ("nudge", "last_answer"):
+            if not out[flag]:
+                del out[flag]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Policy:
-        unknown = sorted(set(data) - {"on_bad_call", "max_bad_calls", "repeat_scope"})
+        unknown = sorted(set(data) - {"on_bad_call", "max_bad_calls", "repeat_scope", "nudge", "last_answer"})
         if unknown:
             raise ValueError(f"unknown policy key {unknown[0]!r}")
         mode = data.get("on_bad_call", "fail")
@@ -129,7 +151,11 @@ class Policy:
         scope = data.get("repeat_scope", "change")
         if scope not in ("change", "run"):
             raise ValueError(f"policy repeat_scope must be 'change' or 'run', got {scope!r}")
-        return cls(on_bad_call=mode, max_bad_calls=mbc, repeat_scope=scope)
+        flags = {k: data.get(k, False) for k in ("nudge", "last_answer")}
+        for k, v in flags.items():
+            if not isinstance(v, bool):
+                raise ValueError(f"policy {k} must be true or false, got {v!r}")
+        return cls(on_bad_call=mode, max_bad_calls=mbc, repeat_scope=scope, **flags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +169,18 @@ class LedgerSnapshot:
     prompt_tokens: int
     completion_tokens: int
     elapsed_s: float
+    cost_usd: float | None = None  # dollars, where the run had a price (a cost budget or a price table)
+    nudges: int = 0  # repetition stops replaced by a nudge (Policy(nudge=True))
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The stop line's ledger; `cost_usd` only where the run was priced, `nudges` only where
+        one was given (logs written before either existed read the same)."""
+        out = dataclasses.asdict(self)
+        if self.cost_usd is None:
+            del out["cost_usd"]
+        if not self.nudges:
+            del out["nudges"]
+        return out
 
 
 @dataclass(slots=True)
@@ -162,9 +197,12 @@ class Ledger:
     completion_tokens: int = 0
     elapsed_s: float = 0.0
     per_step: list[tuple[int, int]] = field(default_factory=list)  # (prompt, completion) per reply
+    cost_usd: float | None = None  # dollars (None: the run has no price); each reply's cost added
+    nudges: int = 0
 
     def snapshot(self) -> LedgerSnapshot:
         return LedgerSnapshot(
             self.model_requests, self.tool_calls, self.tool_executions, self.reused, self.refused,
             self.rejected, self.prompt_tokens, self.completion_tokens, round(self.elapsed_s, 6),
+            None if self.cost_usd is None else round(self.cost_usd, 9), self.nudges,
         )

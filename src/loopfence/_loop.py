@@ -19,19 +19,22 @@ from ._aio import CTRL_C, METER, Blocking, Expired, Meter, drive_sync, interrupt
 from ._compact import Compaction
 from ._contract import CheckedCall, ContractResult, check_reply, requested_max_tokens
 from ._gate import ApprovalHook, UntrustedGate
-from ._guards import Guard, Guards, default_guards
+from ._guards import Guard, Guards, default_guards, nudge_for
+from ._hooks import with_run_hooks
 from ._json import MAX_DEPTH, depth, loggable
 from ._limits import Limits, Policy
 from ._messages import Reply, Request
+from ._prices import PricesArg, price_book
+from ._repeats import outcome_fingerprint
 from ._state import RunState
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import ON_RETRY, Model
 from .runlog._schema import LogEvent
 from .runlog._writer import FORMAT, VERSION, Abandoned, LogWriteError, RunLog
-from .tools._executor import Executor, ToolResult, error_result
+from .tools._executor import Executor, ToolResult, error_result, refusal
 from .tools._registry import Registry, Tool, ToolKind
 
-__all__ = ["run", "arun", "drive", "adrive", "new_state"]
+__all__ = ["run", "arun", "drive", "adrive", "new_state", "check_price", "LAST_ANSWER_FOR", "last_answer_prompt"]
 
 
 async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: Limits | None = None,
@@ -40,7 +43,7 @@ async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = ()
                executor: Executor | None = None, header: dict[str, Any] | None = None,
                gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
                compaction: Compaction | None = None,
-               on_event: Callable[[LogEvent], None] | None = None) -> RunResult:
+               on_event: Callable[[LogEvent], None] | None = None, prices: PricesArg = None) -> RunResult:
     """Run the fenced loop until it stops for a named reason: the core, on the running event loop.
     Every operation (model request, token count, tool, approval) is awaited under the run's limits:
     an async adapter (`acomplete`, `acount_tokens`, an `async def` tool) is awaited and cancelled at
@@ -56,7 +59,7 @@ async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = ()
     Arguments as `run()`.
     """
     state, runlog, guard, exe = _start(task, model, tools, limits, policy, system, params, log, guards,
-                                       executor, header, gate, approve, compaction, on_event)
+                                       executor, header, gate, approve, compaction, on_event, prices)
     return await adrive(state, model, runlog, guard, exe)
 
 
@@ -65,7 +68,8 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
         log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
         executor: Executor | None = None, header: dict[str, Any] | None = None,
         gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
-        compaction: Compaction | None = None, on_event: Callable[[LogEvent], None] | None = None) -> RunResult:
+        compaction: Compaction | None = None, on_event: Callable[[LogEvent], None] | None = None,
+        prices: PricesArg = None) -> RunResult:
     """Run the fenced loop until it stops for a named reason (`arun()` on an event loop of its own;
     inside a running event loop, on a helper thread). Never raises for a stop; raises
     LogWriteError (an OSError) when the log cannot be written, ending the run where its log ends.
@@ -73,10 +77,15 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
 
     gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
     compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables);
-    on_event: called with each typed event (runlog._schema) as it is written, header to stop.
+    on_event: called with each typed event (runlog._schema) as it is written, header to stop;
+    prices: the price table for the cost budget (`Limits(max_cost_usd=...)`): a mapping
+    `{"model": (input_per_mtok, output_per_mtok)}` ("*": any model nothing else prices) or a TOML
+    file's path, over the `genai-prices` package's table. With a cost budget (or a table) the ledger
+    counts dollars. A cost budget for a model with no known price raises PriceError (a ValueError)
+    before anything is written or sent.
     """
     state, runlog, guard, exe = _start(task, model, tools, limits, policy, system, params, log, guards,
-                                       executor, header, gate, approve, compaction, on_event)
+                                       executor, header, gate, approve, compaction, on_event, prices)
     return drive(state, model, runlog, guard, exe)
 
 
@@ -85,8 +94,10 @@ def _start(task: str, model: Model, tools: Iterable[Tool] | Registry, limits: Li
            log: RunLog | str | Path | None, guards: list[Guard] | None, executor: Executor | None,
            header: dict[str, Any] | None, gate: UntrustedGate | None, approve: ApprovalHook | None,
            compaction: Compaction | None,
-           on_event: Callable[[LogEvent], None] | None = None) -> tuple[RunState, RunLog, Guards, Executor]:
-    """The run's state, and its log with the header written."""
+           on_event: Callable[[LogEvent], None] | None = None,
+           prices: PricesArg = None) -> tuple[RunState, RunLog, Guards, Executor]:
+    """The run's state, and its log with the header written (a cost budget's price is resolved
+    first: PriceError before anything is written)."""
     registry = tools if isinstance(tools, Registry) else Registry(tools)
     task, system = loggable(task), system and loggable(system)  # as the header reads back (replay)
     messages = ([{"role": "system", "content": system}] if system else []) + \
@@ -94,7 +105,11 @@ def _start(task: str, model: Model, tools: Iterable[Tool] | Registry, limits: Li
     gate = gate or UntrustedGate(approve)
     state = new_state(registry, limits or Limits(), policy or Policy(), params or {}, messages,
                       compaction or Compaction())
+    described = _describe(model)
+    _price(state, model, described, prices)
+    priced = {"prices": state.prices.record(state.price)} if state.prices is not None else {}
     runlog = log if isinstance(log, RunLog) else RunLog(log, t0=state.t0)
+    on_event = with_run_hooks(on_event)  # loopfence.instrument() and other run hooks
     if on_event is not None:
         runlog.on_event = on_event
     runlog.write("header", format=FORMAT, version=VERSION, run_id=uuid.uuid4().hex,
@@ -102,9 +117,25 @@ def _start(task: str, model: Model, tools: Iterable[Tool] | Registry, limits: Li
                  limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
                  tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
                          **t.schema()} for t in registry],
-                 model=_describe(model), gate=gate.describe(), compaction=state.compaction.to_json(),
-                 **_tool_info(registry), **(header or {}))
+                 model=described, gate=gate.describe(), compaction=state.compaction.to_json(),
+                 **_tool_info(registry), **priced, **(header or {}))
     return state, runlog, default_guards(state.limits, guards, gate), executor or Executor()
+
+
+def _price(s: RunState, model: Model, described: dict[str, Any], prices: PricesArg) -> None:
+    """The run's price book and start price (by the name the model's describe() gives), where it has
+    a cost budget or a price table; PriceError for a cost budget with no price."""
+    if prices is None and s.limits.max_cost_usd is None:
+        return
+    name = described.get("model")
+    s.set_prices(price_book(prices), name if isinstance(name, str) and name else None,
+                 f"{type(model).__name__}, kind {described.get('kind')!r}")
+
+
+def check_price(model: Model, limits: Limits, prices: PricesArg = None) -> None:
+    """The PriceError run() would raise at its start, without starting a run (the CLI asks before it
+    makes the log file)."""
+    _price(RunState(limits, Policy(), Registry(())), model, _describe(model), prices)
 
 
 def _tool_info(registry: Registry) -> dict[str, Any]:
@@ -144,35 +175,52 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
     stop: Stop | None = None
     cancel: asyncio.CancelledError | None = None
     exiting: BaseException | None = None
+    last: str | None = None
     try:
-        stop = await _ring(s, ops, log, guards, final)
-    except StopError as exc:
-        stop = exc.stop
-    except asyncio.CancelledError as exc:
-        cancel = exc
-        stop = Stop(StopReason.CANCELLED, CTRL_C if exc.args == (CTRL_C,) else "cancelled: the task awaiting the run was cancelled")
-    except KeyboardInterrupt:
-        stop = Stop(StopReason.CANCELLED, CTRL_C)
-    except (LogWriteError, Abandoned):  # nothing more can be logged, or the log is not ours to end
+        try:
+            stop = await _ring(s, ops, log, guards, final)
+        except StopError as exc:
+            stop = exc.stop
+        except asyncio.CancelledError as exc:
+            cancel = exc
+            stop = Stop(StopReason.CANCELLED, CTRL_C if exc.args == (CTRL_C,) else "cancelled: the task awaiting the run was cancelled")
+        except KeyboardInterrupt:
+            stop = Stop(StopReason.CANCELLED, CTRL_C)
+        except (LogWriteError, Abandoned):  # nothing more can be logged, or the log is not ours to end
+            raise
+        except SystemExit as exc:  # an exit asked for inside the run: the run ends named, then it exits
+            exiting = exc
+            stop = Stop(StopReason.CANCELLED, f"SystemExit({exc.code!r}) was raised inside the run")
+        except BaseException as exc:  # noqa: BLE001 - even a bug in loopfence must end the run named
+            stop = Stop(StopReason.INTERNAL_ERROR, f"internal error in loopfence, please report it: "
+                        f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
+        if s.policy.last_answer and stop.reason in LAST_ANSWER_FOR:
+            _settle(s, log, stop)  # the stopped turn's calls have their results before it is asked
+            last, late = await _last_answer(s, ops, log, guards, stop)
+            if isinstance(late, asyncio.CancelledError):
+                cancel = late
+            elif late is not None:
+                exiting = late
+    except (LogWriteError, Abandoned):
+        stop = None  # no stop line: it could not be written, or the log is not ours to end
         log.close()
         raise
-    except SystemExit as exc:  # an exit asked for inside the run: the run ends named, then it exits
-        exiting = exc
-        stop = Stop(StopReason.CANCELLED, f"SystemExit({exc.code!r}) was raised inside the run")
-    except BaseException as exc:  # noqa: BLE001 - even a bug in loopfence must end the run named
-        stop = Stop(StopReason.INTERNAL_ERROR, f"internal error in loopfence, please report it: "
-                    f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
     finally:
         METER.reset(metered)
         if stop is not None:
-            result = _finish(s, log, stop, final)
+            result = _finish(s, log, stop, final, last)
     if exiting is not None:
         raise exiting
     return _with_cpu(result, meter.cpu), cancel
 
 
-def _finish(s: RunState, log: RunLog, stop: Stop, final: list[str | None]) -> RunResult:
-    """Every requested call gets exactly one result; the stop is the log's last line."""
+# The stops a last answer is asked after (Policy(last_answer=True)): budgets on the work, and loops.
+LAST_ANSWER_FOR = frozenset({StopReason.MAX_STEPS, StopReason.MAX_TOOL_CALLS, StopReason.MAX_WALL_SECONDS,
+                             StopReason.NO_PROGRESS, StopReason.REPEATED_CALL, StopReason.REPEATED_RESULT})
+
+
+def _settle(s: RunState, log: RunLog, stop: Stop) -> None:
+    """Every requested call still owed a result gets one: not run, or (the one in flight) outcome unknown."""
     for call in list(s.pending):
         if call is s.in_flight:  # its intent is logged and it may have acted: never "not run"
             _record(s, log, call, error_result("outcome_unknown", side_effects="may have happened",
@@ -181,18 +229,82 @@ def _finish(s: RunState, log: RunLog, stop: Stop, final: list[str | None]) -> Ru
         else:
             _record(s, log, call, error_result("not_executed", "refused",
                     message=f"not run: the run stopped ({stop.reason})"), key=None)
+
+
+def _finish(s: RunState, log: RunLog, stop: Stop, final: list[str | None], last: str | None = None) -> RunResult:
+    """Every requested call gets exactly one result; the stop is the log's last line."""
+    _settle(s, log, stop)
     s.ledger.elapsed_s = s.elapsed()
     ledger = s.ledger.snapshot()
     log.write("stop", **stop.to_json(), verdict=str(stop.verdict), final_answer=final[0],
               partial_text=final[1], ledger=ledger.to_json(),
-              per_step=[list(p) for p in s.ledger.per_step])
+              per_step=[list(p) for p in s.ledger.per_step], **({"last_answer": last} if last is not None else {}))
     log.close()
-    return RunResult(stop, final[0], ledger, tuple(s.messages), log.path, final[1])
+    return RunResult(stop, final[0], ledger, tuple(s.messages), log.path, final[1], last_answer=last)
+
+
+def last_answer_prompt(stop: Stop) -> str:
+    """What the last answer's request asks (the reason and its limit only: the same text on replay)."""
+    limit = stop.data.get("limit")
+    what = f"{stop.reason}={limit:g}" if isinstance(limit, float) else \
+        f"{stop.reason}={limit}" if limit is not None else str(stop.reason)
+    return (f"loopfence: the run has stopped ({what}) and no more tools can be called. Answer the task now, "
+            "as well as you can from what you already know; say what is missing or uncertain.")
+
+
+async def _last_answer(s: RunState, ops: _Ops, log: RunLog, guards: Guards,
+                       stop: Stop) -> tuple[str | None, BaseException | None]:
+    """Policy(last_answer=True): one more request, tools disabled (`tool_choice: "none"`), its output
+    bounded by last_answer_tokens. It is the one request allowed past max_steps; every other
+    before_request guard must let it through (tokens, dollars, time left), else it is skipped. A
+    `last_answer` event says it was asked, skipped or failed, and why. (the answer, or None; a
+    cancel or exit that came while it was asked, raised once the stop line is written.)"""
+    step = s.ledger.model_requests + 1
+    s.final_request = True
+
+    def failed(reason: str | None, detail: str) -> None:
+        log.write("last_answer", step=step, decision="failed", reason=reason, detail=detail)
+
+    try:
+        s.append({"role": "user", "content": last_answer_prompt(stop)})
+        if s.needs_count():
+            await _count(s, ops)
+        if (no := guards.before_request(s)) is not None:
+            log.write("last_answer", step=step, decision="skipped", reason=str(no.reason), detail=no.detail)
+            return None, None
+        log.write("last_answer", step=step, decision="asked", reason=None,
+                  detail=f"after {stop.reason}: one request with tools disabled", max_tokens=s.max_tokens())
+        reply = await _ask(s, ops, log)
+        if reply.complete and (reply.content or "").strip():
+            return reply.content, None
+        failed(None, "the reply was cut off: " + (reply.problem or "incomplete") if not reply.complete else
+               "the reply asked for tools (they are not run)" if reply.tool_calls else "the reply had no text")
+        return None, None
+    except (LogWriteError, Abandoned):
+        raise
+    except StopError as exc:
+        failed(str(exc.stop.reason), exc.stop.detail)
+        return None, None
+    except asyncio.CancelledError as exc:
+        failed(str(StopReason.CANCELLED), "cancelled while the last answer was asked")
+        return None, exc
+    except KeyboardInterrupt:
+        failed(str(StopReason.CANCELLED), CTRL_C)
+        return None, None
+    except SystemExit as exc:
+        failed(str(StopReason.CANCELLED), f"SystemExit({exc.code!r}) was raised inside the run")
+        return None, exc
+    except Exception as exc:  # noqa: BLE001 - the run has its stop already; say why there is no answer
+        failed(str(StopReason.INTERNAL_ERROR), f"internal error in loopfence, please report it: "
+               f"{type(exc).__name__}: {exc}")
+        return None, None
+    finally:
+        s.final_request = False
 
 
 def _with_cpu(result: RunResult, cpu: float) -> RunResult:
     return RunResult(result.stop, result.final_answer, result.ledger, result.messages, result.log_path,
-                     result.partial_text, round(cpu, 6))
+                     result.partial_text, round(cpu, 6), result.last_answer)
 
 
 class _Ops:
@@ -221,20 +333,7 @@ async def _ring(s: RunState, ops: _Ops, log: RunLog, guards: Guards, final: list
             await _count(s, ops)
         if stop := guards.before_request(s):
             return stop
-        estimate = s.next_prompt_estimate()
-        request = s.request()
-        log.write("request", step=request.step, fingerprint=s.request_fingerprint(),
-                  n_messages=len(request.messages), prompt_estimate=estimate, params=request.params)
-        s.ledger.model_requests += 1
-        started = time.monotonic()
-        reply = await _send(s, ops, request)  # send
-        prompt, completion = s.remember(reply, estimate)  # remember
-        log.write("reply", step=request.step, raw=reply.raw, complete=reply.complete,
-                  problem=reply.problem, finish_reason=reply.finish_reason,
-                  usage={"prompt_tokens": prompt, "completion_tokens": completion,
-                         "reported": reply.usage is not None and reply.usage.prompt_tokens is not None,
-                         **s.charge_note},
-                  duration_s=round(time.monotonic() - started, 6))
+        reply = await _ask(s, ops, log)  # send, remember
         checked = check_reply(reply, s.registry, requested_max_tokens(s.params))
         calls, stop, results = _settle_contract(s, log, reply, checked, final)  # stop gate
         if stop:
@@ -246,15 +345,60 @@ async def _ring(s: RunState, ops: _Ops, log: RunLog, guards: Guards, final: list
             if isinstance(verdict, Awaitable):  # a decision that waits (the gate's approval hook)
                 verdict = await verdict
             if isinstance(verdict, Stop):
-                return verdict
+                if (note := _nudge(s, log, verdict, c)) is None:
+                    return verdict
+                verdict = refusal(str(verdict.reason), message=note)  # the call's one result: the nudge
             result = verdict or (cached.as_reused() if cached else await _execute(s, log, ops, c))
             s.cache.record(c.tool, c.key, result)
             _record(s, log, c.call, result, c.key, logged_intent=result.decision == "executed")
             results.append(result)
-            if stop := guards.after_execution(s, c, result):
+            if (stop := guards.after_execution(s, c, result)) and _nudge(s, log, stop, c, later=True) is None:
                 return stop
-        if stop := guards.after_turn(s, results):
+        if (stop := guards.after_turn(s, results)) and _nudge(s, log, stop, calls=calls, later=True) is None:
             return stop
+        if s.warning is not None:  # a rule one result short of its stop: the nudge comes now
+            warned, s.warning = s.warning, None
+            _nudge(s, log, warned[0], warned[1], later=True)
+        if s.nudge_note is not None:  # a nudge raised after an execution: after the turn's results
+            s.append({"role": "user", "content": s.nudge_note})
+            s.nudge_note = None
+
+
+def _nudge(s: RunState, log: RunLog, stop: Stop, c: CheckedCall | None = None,
+           calls: list[CheckedCall] | None = None, later: bool = False) -> str | None:
+    """Policy(nudge=True): the run's first repetition stop becomes one message (a `nudge` event,
+    counted in the ledger) and the run goes on; None: the stop stands. Raised before an execution
+    (`later` False), the message is the refused call's result; raised after one, it goes to the
+    model as a user message once every call of the turn has its result."""
+    note = nudge_for(s, stop, c, calls)
+    if note is None:
+        return None
+    s.ledger.nudges += 1
+    log.write("nudge", step=s.ledger.model_requests, reason=str(stop.reason), detail=stop.detail, data=stop.data,
+              tool_call_id=c.call.id if c is not None and not later else None,
+              key=c.key if c is not None else None, delivered="message" if later else "refusal", message=note)
+    if later:
+        s.nudge_note = note
+    return note
+
+
+async def _ask(s: RunState, ops: _Ops, log: RunLog) -> Reply:
+    """One request and its reply, logged and charged (tokens; dollars where the run has a price)."""
+    estimate = s.next_prompt_estimate()
+    request = s.request()
+    log.write("request", step=request.step, fingerprint=s.request_fingerprint(),
+              n_messages=len(request.messages), prompt_estimate=estimate, params=request.params)
+    s.ledger.model_requests += 1
+    started = time.monotonic()
+    reply = await _send(s, ops, request)  # send
+    prompt, completion = s.remember(reply, estimate)  # remember
+    log.write("reply", step=request.step, raw=reply.raw, complete=reply.complete,
+              problem=reply.problem, finish_reason=reply.finish_reason,
+              usage={"prompt_tokens": prompt, "completion_tokens": completion,
+                     "reported": reply.usage is not None and reply.usage.prompt_tokens is not None,
+                     **s.charge_note},
+              duration_s=round(time.monotonic() - started, 6))
+    return reply
 
 
 async def _count(s: RunState, ops: _Ops) -> None:
@@ -364,6 +508,8 @@ def _record(s: RunState, log: RunLog, call: Any, result: ToolResult, key: str | 
                   raw_arguments=call.raw_arguments, key=key, decision=result.decision,
                   reason=reason or result.error)
     s.add_result(call, result)
+    if key is not None and s.policy.nudge and result.decision in ("executed", "reused"):
+        s.outcomes[key] = outcome_fingerprint(result.content)  # what a nudge names
     log.write("result", step=step, tool_call_id=call.id, name=call.name, decision=result.decision,
               ok=result.ok, error=result.error, fingerprint=result.fingerprint,
               duration_s=round(result.duration_s, 6), untrusted=result.untrusted, content=result.content,

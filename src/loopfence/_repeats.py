@@ -24,7 +24,7 @@ from typing import Literal
 from ._json import canonical_json, fingerprint, loads_object
 
 __all__ = ["RepeatScope", "RepeatCounts", "Streak", "CycleTrail", "CYCLE_PERIODS", "outcome_fingerprint",
-           "call_label", "describe_cycle"]
+           "call_label", "call_text", "describe_cycle"]
 
 RepeatScope = Literal["change", "run"]
 CYCLE_PERIODS = (2, 3)  # a period of 1 is the same call again: repeated_call and the streak see it
@@ -144,6 +144,13 @@ def call_label(key: str) -> str:
         return name
     text = " ".join((pick if isinstance(pick, str) else canonical_json(pick)).split())
     return f"{name} {text if len(text) <= _LABEL_CHARS else text[:_LABEL_CHARS - 1] + '…'}"
+
+
+def call_text(key: str, limit: int = 300) -> str:
+    """A canonical call as the model could write it: `read_file {"path":"a.py"}` (clipped)."""
+    name, sep, raw = key.partition(":")
+    text = f"{name} {raw}" if sep and raw not in ("", "{}") else name
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def describe_cycle(block: Iterable[tuple[str, str]], times: int) -> str:

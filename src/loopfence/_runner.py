@@ -23,6 +23,9 @@ from __future__ import annotations
 import _thread
 import asyncio
 import contextvars
+import select
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Generator
@@ -79,11 +82,14 @@ class Drive:
         self.task: asyncio.Task[Any] | None = None
         self.op: _Op | None = None  # the inline operation in flight
         self.pressed = False  # Ctrl-C arrived (the ring checks before it starts an operation)
-        self.done = threading.Event()
+        self.done = _thread.allocate_lock()  # held until the run ends (a plain lock: a Ctrl-C
+        self.done.acquire()  # landing in its wait leaves nothing half-done, unlike an Event's)
         self.value: Any = None
         self.error: BaseException | None = None
         self.lock = threading.Lock()
         self.generations = 0
+        self.finished = False
+        self.on_end: Callable[[], None] | None = None  # wakes a caller waiting in select()
 
     # -- runners ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -110,7 +116,10 @@ class Drive:
                 loop.close()
             else:
                 close_loop(loop)
-                self.done.set()
+                self.finished = True
+                self.done.release()
+                if (wake := self.on_end) is not None:
+                    wake()
 
     # -- inline operations -----------------------------------------------------------------------
     async def inline(self, fn: Callable[..., Any], args: tuple[Any, ...], deadline: float | None) -> _Op:
@@ -216,19 +225,74 @@ def drive_sync(coro: Coroutine[Any, Any, T], cancel_error: Callable[[], BaseExce
     here interrupts the run (`cancel_error()` is its outcome), a second raises KeyboardInterrupt."""
     d = Drive(coro, contextvars.copy_context())
     d.ctx.run(DRIVE.set, d)
-    while True:
-        try:
-            if not d.generations:
-                d.start()
-            d.done.wait()
-            break
-        except KeyboardInterrupt:
-            if d.pressed:
-                raise
-            d.interrupt(cancel_error())
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        with _CtrlC(d, cancel_error) as ctrl:
+            d.start()
+            ctrl.wait()
+    else:  # not ours to handle: KeyboardInterrupt, if it comes here, interrupts the run
+        while True:
+            try:
+                if not d.generations:
+                    d.start()
+                d.done.acquire()
+                break
+            except KeyboardInterrupt:
+                if d.pressed:
+                    raise
+                d.interrupt(cancel_error())
     if d.error is not None:
         raise d.error
     return d.value  # type: ignore[no-any-return]
+
+
+class _CtrlC:
+    """On the main thread: the first Ctrl-C interrupts the run (a handler that raises nothing: an
+    exception raised inside a wait can leave a lock held), a second raises KeyboardInterrupt. The
+    thread waits in select() on the signal wakeup fd and the run's end, so a signal the kernel
+    handed to another thread still brings it back to run the handler at once."""
+
+    def __init__(self, d: Drive, cancel_error: Callable[[], BaseException]) -> None:
+        self.d, self.cancel_error = d, cancel_error
+        self.sig_r, self.sig_w = socket.socketpair()
+        self.end_r, self.end_w = socket.socketpair()
+        self.old_fd = -1
+
+    def __enter__(self) -> _CtrlC:
+        for sock in (self.sig_r, self.sig_w, self.end_r, self.end_w):
+            sock.setblocking(False)
+        self.d.on_end = self._ended
+        self.old_fd = signal.set_wakeup_fd(self.sig_w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.set_wakeup_fd(self.old_fd)
+        self.d.on_end = None
+        for sock in (self.sig_r, self.sig_w, self.end_r, self.end_w):
+            sock.close()
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.d.pressed:
+            raise KeyboardInterrupt
+        self.d.interrupt(self.cancel_error())
+
+    def _ended(self) -> None:
+        try:
+            self.end_w.send(b"x")
+        except OSError:  # closed: the caller has gone (a second Ctrl-C)
+            pass
+
+    def wait(self) -> None:
+        while not self.d.finished:
+            ready, _, _ = select.select([self.sig_r, self.end_r], [], [])
+            if self.sig_r in ready:
+                try:
+                    while self.sig_r.recv(4096):
+                        pass
+                except OSError:
+                    pass
 
 
 # -- the watchdog ----------------------------------------------------------------------------------

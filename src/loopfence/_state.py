@@ -13,6 +13,7 @@ from ._contract import requested_max_tokens
 from ._json import canonical_json
 from ._limits import Ledger, Limits, Policy
 from ._messages import Reply, Request, ToolCall
+from ._prices import Price, PriceBook, PriceError
 from ._tokens import TokenEstimator, text_units
 from .runlog._writer import RunLog
 from .tools._executor import ResultCache, ToolResult
@@ -66,6 +67,14 @@ class RunState:
     _tools_fp: str = ""
     _last_prompt_units: int = 0
     charge_note: dict[str, Any] = field(default_factory=dict)  # the last reply's usage, beyond its counts
+    # the cost budget: the run's price book (None: the run has no price, its cost is not counted) and
+    # the price the next request is checked at (the start model's; then the last reply's model's)
+    prices: PriceBook | None = None
+    price: Price | None = None
+    final_request: bool = False  # the last answer's request (Policy.last_answer): tools off, own reserve
+    outcomes: dict[str, str] = field(default_factory=dict)  # canonical key -> its last result's outcome fingerprint
+    nudge_note: str | None = None  # a nudge to send as a user message once the turn's results are in
+    warning: tuple[Any, Any] | None = None  # (Stop, CheckedCall): a rule one result short of stopping (Policy.nudge)
 
     def __post_init__(self) -> None:
         tools = canonical_json(self.registry.schemas())
@@ -148,18 +157,68 @@ class RunState:
         `max_completion_tokens`) in params; None when all three are unlimited. Never below 1 (0 or
         less reads as "no limit" to llama.cpp): with nothing left, the completion guard stops first."""
         caps = [self.limits.max_tokens_per_request, requested_max_tokens(self.params)]
+        if self.final_request:
+            caps.append(self.limits.last_answer_tokens)
         total = self.limits.max_completion_tokens
         if total is not None:
             caps.append(total - self.ledger.completion_tokens)
         known = [c for c in caps if c is not None]
         return max(1, min(known)) if known else None
 
+    def set_prices(self, book: PriceBook | None, model: str | None, who: str = "the model") -> None:
+        """The run's price book and the start price of `model` (the adapter's name for it). With a
+        cost budget, an unknown price or an unbounded request is a PriceError, before anything is sent."""
+        self.prices = book
+        if book is None:
+            return
+        if self.limits.max_cost_usd is not None:
+            self.price = book.require(model, who)
+            if self.max_tokens() is None:
+                raise PriceError("max_cost_usd needs every request's max_tokens bounded (its output is "
+                                 "reserved at the output price): set max_tokens_per_request or "
+                                 "max_completion_tokens, or a max_tokens param")
+        else:
+            self.price = book.price(model)
+        self.ledger.cost_usd = 0.0 if self.price is not None else None
+
+    def warn(self, stop: Any, call: Any) -> None:
+        """A repetition rule one result short of its stop (Policy.nudge): the ring nudges at the turn's
+        end, unless the run stops first. The first warning of a turn is kept."""
+        if self.warning is None:
+            self.warning = (stop, call)
+
+    def last_answer_reserve(self) -> int | None:
+        """The completion tokens the last answer reserves: the smallest of last_answer_tokens,
+        max_tokens_per_request and a `max_tokens` in params (None: all unlimited)."""
+        caps = [self.limits.last_answer_tokens, self.limits.max_tokens_per_request,
+                requested_max_tokens(self.params)]
+        known = [c for c in caps if c is not None]
+        return min(known) if known else None
+
     def request(self) -> Request:
         self._last_prompt_units = self.prompt_units()
         self._sent = (self.view.added, self.view.saved)
         self.view.mark_sent()
-        return Request(list(self.view.messages), self.registry.schemas(), dict(self.params),
+        params = dict(self.params)
+        if self.final_request:  # the last answer: tools disabled, whatever the params say
+            params["tool_choice"] = "none"
+        return Request(list(self.view.messages), self.registry.schemas(), params,
                        self.deadline(), self.ledger.model_requests + 1, self.max_tokens())
+
+    def charge(self, reply: Reply, prompt: int, completion: int) -> float | None:
+        """The reply's cost at its model's price (the name the reply gives, else the run's price),
+        added to the ledger; None when the run has no price."""
+        if self.prices is None:
+            return None
+        name = reply.raw.get("model") if isinstance(reply.raw, dict) else None
+        price = (self.prices.price(name, any_model=self.price is None)
+                 if isinstance(name, str) and name else None) or self.price
+        if price is None:
+            return None
+        self.price = price
+        cost = price.cost(prompt, completion)
+        self.ledger.cost_usd = round((self.ledger.cost_usd or 0.0) + cost, 9)
+        return cost
 
     def remember(self, reply: Reply, estimate: int) -> tuple[int, int]:
         """Append the reply, count its tokens: an estimate where none was reported (0 completion
@@ -185,6 +244,9 @@ class RunState:
         self.ledger.prompt_tokens += prompt
         self.ledger.completion_tokens += completion
         self.ledger.per_step.append((prompt, completion))
+        cost = self.charge(reply, prompt, completion)
+        if cost is not None:
+            self.charge_note["cost_usd"] = cost
         return prompt, completion
 
     def add_result(self, call: ToolCall, result: ToolResult) -> None:

@@ -21,6 +21,7 @@ class StopReason(StrEnum):
     MAX_PROMPT_TOKENS = "max_prompt_tokens"
     MAX_COMPLETION_TOKENS = "max_completion_tokens"
     MAX_WALL_SECONDS = "max_wall_seconds"
+    MAX_COST_USD = "max_cost_usd"
     REPEATED_CALL = "repeated_call"
     REPEATED_RESULT = "repeated_result"
     NO_PROGRESS = "no_progress"
@@ -77,6 +78,9 @@ class RunResult:
     log_path: str | None = None
     partial_text: str | None = None
     cpu_s: float | None = None  # CPU seconds of the ring's own code and of its blocking operations' worker threads
+    # Policy(last_answer=True): the answer the model gave, tools disabled, after the run stopped for a
+    # budget or a repetition. Never a final answer: the verdict stays KILL and the reason stays.
+    last_answer: str | None = None
 
     @property
     def reason(self) -> StopReason:

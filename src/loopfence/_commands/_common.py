@@ -75,6 +75,10 @@ def live_printer(console: Console = stderr) -> Any:
         elif kind == "gate":
             console.print(f"  [yellow]gate[/] {_short(e.get('name'))}: {_short(e.get('decision'))} "
                           f"{_short(e.get('reason', ''), DETAIL_CHARS)}")
+        elif kind == "nudge":
+            console.print(f"  [yellow]nudge[/] instead of {_short(e['reason'])}: {_short(e['message'], DETAIL_CHARS)}")
+        elif kind == "last_answer":
+            console.print(f"  [yellow]last answer[/] {e['decision']}: {_short(e.get('detail', ''), DETAIL_CHARS)}")
         elif kind == "stop":
             console.print(f"[bold]stop[/] {e['reason']} ({e['verdict']}): "
                           f"{_short(e['detail'], DETAIL_CHARS)}")
@@ -117,6 +121,8 @@ def print_summary(result: RunResult, console: Console = stderr,
             ("tool calls requested", led.tool_calls), ("tool executions", led.tool_executions),
             ("reused", led.reused), ("refused", led.refused), ("rejected", led.rejected),
             ("prompt tokens", led.prompt_tokens), ("completion tokens", led.completion_tokens),
+            *([("cost", f"${led.cost_usd:.6f}")] if getattr(led, "cost_usd", None) is not None else []),
+            *([("nudges", led.nudges)] if getattr(led, "nudges", 0) else []),
             ("elapsed", f"{led.elapsed_s:.2f}s")]
     for k, v in rows:
         table.add_row(k, rich_text(v, DETAIL_CHARS))
@@ -129,3 +135,6 @@ def print_summary(result: RunResult, console: Console = stderr,
                       overflow="ignore", crop=False)
     if result.final_answer:  # the answer keeps its lines; no terminal control gets through
         print(printable(result.final_answer), file=sys.stdout)
+    elif getattr(result, "last_answer", None):  # Policy(last_answer=True): salvaged after a KILL, said so, never on stdout
+        console.print(f"last answer (not shipped, {result.stop.reason}):", markup=False)
+        console.print(printable(result.last_answer), markup=False, highlight=False)

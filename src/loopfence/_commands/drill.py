@@ -13,10 +13,10 @@ from rich.console import Console
 
 from .._json import dumps
 from .._printable import printable
-from ..drill import (DrillSetupError, Endpoint, ScenarioError, load_scenarios, print_table,
+from ..drill import (DrillResult, DrillSetupError, Endpoint, ScenarioError, load_each, print_table,
                      run_scenario, scripted_models, write_results)
 from ..drill._models import ModelFactory, http_pieces
-from ._common import UsageError, stderr
+from ._common import DETAIL_CHARS, UsageError, stderr
 
 __all__ = ["add_parser", "main"]
 
@@ -27,8 +27,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("drill", help=HELP, description=(
         "Run every scenario file (*.json) under PATH: a fresh workspace each, the scenario's tools, "
         "scripted replies (or a real model with --base-url). Prints the decision table; writes each "
-        "run's log and results.json to --out. Exit code: 0 if every scenario with an expect passed, "
-        "1 otherwise, 2 on bad scenario files."))
+        "run's log and results.json to --out. A scenario file that cannot be used is an error row "
+        "naming the file and the field; the others still run. Exit code: 0 if every scenario with an "
+        "expect passed, 1 otherwise, 2 when a scenario file was bad (or on usage errors)."))
     p.add_argument("paths", nargs="+", metavar="PATH", help="scenario files or folders")
     p.add_argument("--out", metavar="DIR", help="where logs and results.json go (default: runs/drill-<time>/)")
     p.add_argument("--json", action="store_true",
@@ -75,15 +76,19 @@ def _writable(out: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     models = _models(args)
     try:
-        scenarios = load_scenarios(args.paths)
-    except ScenarioError as exc:
+        scenarios = load_each(args.paths)
+    except ScenarioError as exc:  # a missing path or an empty folder: nothing to run or report
         raise UsageError(str(exc)) from None
+    bad = [s for s in scenarios if isinstance(s, ScenarioError)]
+    for exc in bad:  # said at once, one line each; the file is an error row and the others run
+        stderr.print(f"loopfence drill: error: {printable(exc, DETAIL_CHARS, one_line=True)}", markup=False)
     out = Path(args.out) if args.out else Path("runs") / f"drill-{datetime.now():%Y%m%d-%H%M%S-%f}"
     _writable(out)
     table_console = _console(to_stderr=args.json)
     results = []
     for scenario in scenarios:
-        row = run_scenario(scenario, out, models)
+        row = DrillResult.bad_file(scenario) if isinstance(scenario, ScenarioError) else \
+            run_scenario(scenario, out, models)
         results.append(row)
         if args.json:
             print(dumps(row.to_json()), file=sys.stdout, flush=True)
@@ -93,4 +98,4 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
     stderr.print(f"logs and results: {printable(path)}", markup=False)
-    return 1 if any(r.failed for r in results) else 0
+    return 2 if bad else 1 if any(r.failed for r in results) else 0

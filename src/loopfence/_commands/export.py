@@ -1,4 +1,4 @@
-"""`loopfence export LOG --format atif`: the run as an interchange trajectory other tools read."""
+"""`loopfence export LOG --format atif|otlp`: the run in a format other tools read."""
 
 from __future__ import annotations
 
@@ -15,33 +15,83 @@ from ._common import UsageError, stderr
 
 __all__ = ["add_parser", "main"]
 
-HELP = "export a run log in another format (ATIF trajectories)"
-FORMATS = ("atif",)
+HELP = "export a run log in another format (ATIF trajectories, OpenTelemetry spans)"
+FORMATS = ("atif", "otlp")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("export", help=HELP, description=(
         "Export a run log. --format atif writes an ATIF v1.4 trajectory (Harbor's Agent Trajectory "
         "Interchange Format: schema_version, session_id, agent, steps with tool_calls, "
-        "observation.results and metrics)."))
+        "observation.results and metrics). --format otlp gives the run's OpenTelemetry GenAI spans "
+        "(invoke_agent, chat, execute_tool; the same spans a live run gives with loopfence.instrument()) "
+        "as OTLP/JSON, or sends them to a collector over OTLP/HTTP with --endpoint "
+        "(needs loopfence[otel])."))
     p.add_argument("log", metavar="LOG.jsonl", help="the run log")
     p.add_argument("--format", choices=FORMATS, default="atif", help="output format (default: atif)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
+    p.add_argument("--endpoint", metavar="URL", nargs="?", const="", default=None,
+                   help="otlp: send to this collector (http://host:4318 or its /v1/traces URL) instead of "
+                        "writing; with no URL, where the OTEL_EXPORTER_OTLP_* variables say")
+    p.add_argument("--include-content", action="store_true",
+                   help="otlp: record the task, replies, tool arguments and results in the spans "
+                        "(off by default, as the GenAI conventions ask)")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.format == "otlp":
+        return _otlp(args)
+    if args.endpoint is not None or args.include_content:
+        raise UsageError("--endpoint and --include-content go with --format otlp")
     try:
         doc = to_atif(args.log)
     except LogError as exc:
         raise UsageError(str(exc)) from None
     text = dumps(doc, indent=2) + "\n"  # a lone surrogate from the log stays escaped
     if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--output {args.output}: {exc.strerror or exc}") from None
+        _write(args.output, text)
         stderr.print(f"wrote {printable(args.output)} ({len(doc['steps'])} steps, "
                      f"{doc['schema_version']})", markup=False)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--output {path}: {exc.strerror or exc}") from None
+
+
+def _otlp(args: argparse.Namespace) -> int:
+    try:
+        from ..otel import send_spans, spans_from_log, to_otlp_json, traces_url
+    except ImportError:
+        raise UsageError("--format otlp needs OpenTelemetry: pip install 'loopfence[otel]'") from None
+    if args.endpoint and args.output:
+        raise UsageError("--endpoint sends the spans; -o writes them: pick one")
+    if args.endpoint:
+        try:
+            traces_url(args.endpoint)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    try:
+        spans = spans_from_log(args.log, include_content=args.include_content)
+    except LogError as exc:
+        raise UsageError(str(exc)) from None
+    if args.endpoint is not None:
+        where = args.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint"
+        if not send_spans(spans, args.endpoint or None):
+            stderr.print(f"loopfence export: the collector at {printable(where)} did not take "
+                         f"the {len(spans)} spans", markup=False)
+            return 1
+        stderr.print(f"sent {len(spans)} spans to {printable(where)}", markup=False)
+        return 0
+    text = dumps(to_otlp_json(spans)) + "\n"
+    if args.output:
+        _write(args.output, text)
+        stderr.print(f"wrote {printable(args.output)} ({len(spans)} spans, OTLP/JSON)", markup=False)
     else:
         sys.stdout.write(text)
     return 0

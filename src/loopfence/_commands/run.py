@@ -11,11 +11,13 @@ from typing import Any
 from .._compact import Compaction
 from .._gate import APPROVE_MODES, approver
 from .._limits import Policy
-from .._loop import run
+from .._loop import check_price, run
+from .._prices import PriceError, load_prices
 from .._stops import Verdict
 from ..models import Model, ScriptedModel, ScriptError
 from ..runlog import RunLog
 from ..tools import workspace_tools
+from ..tools._manifest import snapshot_path
 from ._common import UsageError, default_log_path, limits_from_flags, live_printer, print_summary
 from .reconcile import reconcile_own_log
 
@@ -39,7 +41,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--param", metavar="NAME=VALUE", action="append", default=[],
                    help="a request parameter sent with every request (repeatable; VALUE is JSON when it "
                    "parses, else text), e.g. tool_choice=none, tool_choice=required, max_tokens=256")
+    p.add_argument("--prices", metavar="FILE", help="model prices for --limit max_cost_usd=DOLLARS (TOML: "
+                   "\"model\" = [input, output] dollars per million tokens; \"*\" = any model), over the "
+                   "genai-prices table; the summary shows dollars")
     p.add_argument("--log", metavar="PATH", help="run log path (default: runs/run-<time>.jsonl)")
+    p.add_argument("--snapshot", action="store_true", help="also archive the workspace as the run starts "
+                   "(LOG's name with .workspace.tar.gz; path and sha256 in the header) for replay --execute-tools")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--on-bad-call", choices=["fail", "feedback"], default="fail",
                    help="stop on a malformed call (fail, default) or tell the model (feedback)")
@@ -138,17 +145,24 @@ def main(args: argparse.Namespace) -> int:
     compaction = Compaction.off() if args.no_compaction else Compaction(keep_turns=args.keep_turns)
     approve = approver(args.approve)  # recorded in the log header as gate.approve
     model = build_model(args)
+    try:  # a cost budget with no price for the model: one line, before the log is made
+        prices = load_prices(args.prices) if args.prices else None
+        check_price(model, limits, prices)
+    except PriceError as exc:
+        raise UsageError(str(exc)) from None
     log_path = Path(args.log) if args.log else default_log_path()
     try:
         log = RunLog(log_path, listener=None if args.quiet else live_printer())
     except OSError as exc:  # a folder, a missing or read-only place: one line, exit 2
         raise UsageError(f"--log {log_path}: {exc.strerror or exc}") from None
+    snapshot = snapshot_path(log_path) if args.snapshot else None  # taken with the manifest, at the start
     result = run(args.task, model=model, tools=workspace_tools(workspace, sandbox=not args.unsandboxed,
                                                              untrusted_globs=args.untrusted,
                                                              trust_globs=args.trust, hide_env=args.hide_env,
-                                                             allow_hardlinks=args.allow_hardlinks),
+                                                             allow_hardlinks=args.allow_hardlinks,
+                                                             snapshot=snapshot),
                  limits=limits, policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,
-                 params=params,
+                 params=params, prices=prices,
                  approve=approve, compaction=compaction,
                  header={"workspace": str(workspace.resolve()), "unsandboxed": args.unsandboxed,
                          "sandbox": "none" if args.unsandboxed else "bubblewrap",

@@ -34,19 +34,20 @@ from .._json import canonical_json, dumps
 from .._limits import Limits
 from .._loop import drive, new_state
 from .._messages import Reply, Request
+from .._prices import PriceBook, PriceError
 from .._state import RunState
 from .._stops import RunResult, StopError, StopReason
 from ..models._base import Model
 from ..tools._executor import Executor, ToolResult
 from ..tools._registry import Registry, Tool, ToolKind
-from ..runlog._events import CallEvent, Event, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from ..runlog._events import CallEvent, Event, Header, LogError, ReplyEvent, RequestEvent, ResultEvent, StopEvent
 from ..runlog._reader import RunLogFile
 from ..runlog._rebuild import RecordedFn, compaction_of, gate_of, messages_of, policy_of
 from ..runlog._writer import Abandoned, RunLog
 
 __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
            "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "Playback", "comparable", "decisions",
-           "outcome_unknown"]
+           "outcome_unknown", "priced"]
 
 _VOLATILE = ("seq", "t", "duration_s")
 _MARKERS = ("resume", "retry")  # recorded, never written again by a playback
@@ -101,6 +102,8 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
         out.pop(k, None)
     if isinstance(out.get("key"), str):  # logs written before keys normalized numbers: `30.0` is `30`
         out["key"] = _canonical_key(out["key"])
+    if out.get("event") == "last_answer" and out.get("reason") == StopReason.MAX_WALL_SECONDS:
+        out.pop("detail", None)  # the clock's reading, as in the stop
     if out.get("event") == "stop":
         if isinstance(out.get("ledger"), dict):
             out["ledger"].pop("elapsed_s", None)
@@ -117,6 +120,8 @@ _DECIDED: dict[str, tuple[str, ...]] = {
     "call": ("step", "tool_call_id", "name", "decision", "reason"),
     "result": ("step", "tool_call_id", "name", "decision"),
     "gate": ("step", "name", "decision"),
+    "nudge": ("step", "reason", "tool_call_id", "delivered"),
+    "last_answer": ("step", "decision", "reason"),
     "stop": ("reason",),
 }
 
@@ -162,6 +167,7 @@ class Recording:
         self.last_t = start_t
         self.last: Event | None = None
         self.stop = events[-1] if events and isinstance(events[-1], StopEvent) else None
+        self.last_answer_at = _last_answer_index(events)
         self.settled = _settled_index(events)
 
     def peek(self) -> Event | None:
@@ -179,7 +185,8 @@ class Recording:
         """When the recorded run stopped on the clock: the time its last check saw."""
         stop = self.stop
         if stop is not None and stop.reason == StopReason.MAX_WALL_SECONDS and self.pos == self.settled + 1:
-            return stop.t
+            at = self.last_answer_at  # a last answer was weighed right after the stop: its clock
+            return stop.t if at is None else self.events[at].t
         return None
 
     @property
@@ -193,13 +200,20 @@ class Recording:
         return None
 
 
+def _last_answer_index(events: tuple[Event, ...]) -> int | None:
+    """Index of the first `last_answer` event: everything from there to the stop is the last answer's."""
+    return next((i for i, e in enumerate(events) if e.kind == "last_answer"), None)
+
+
 def _settled_index(events: tuple[Event, ...]) -> int:
     """Index of the last event before the stop that is not the stop's bookkeeping: the calls the
     stop left unrun get a refused `not_executed` call and result just before the stop, and a tool the
-    stop interrupted gets an `outcome_unknown` result."""
+    stop interrupted gets an `outcome_unknown` result; a last answer (Policy(last_answer=True)) comes
+    after those, from its first `last_answer` event to the stop."""
     if not events or not isinstance(events[-1], StopEvent):
         return len(events)
-    i = len(events) - 2
+    at = _last_answer_index(events)
+    i = len(events) - 2 if at is None else at - 1
     while i >= 0 and events[i].kind in ("call", "result") and (
             (events[i].raw.get("decision") == "refused" and
              (events[i].raw.get("reason") == "not_executed" or events[i].raw.get("error") == "not_executed"))
@@ -291,6 +305,9 @@ class PlaybackLog(RunLog):
             self._set_clock(e.t)
         if (wall := self.rec.wall_stop_t()) is not None:
             self._set_clock(wall)
+        nxt = self.rec.peek()
+        if nxt is not None and nxt.kind == "last_answer" and nxt.raw.get("reason") == StopReason.MAX_WALL_SECONDS:
+            self._set_clock(nxt.t)  # the last answer was skipped (or cut off) on the clock: the time it saw
         if self.rec.exhausted:
             self._switch()
 
@@ -344,6 +361,9 @@ class PlaybackModel:
         nxt = None if self.log.detached else self.log.rec.peek()
         if isinstance(nxt, ReplyEvent):
             return nxt.reply()
+        if nxt is not None and nxt.kind == "last_answer" and nxt.raw.get("decision") == "failed" and \
+                nxt.raw.get("reason") is not None:  # the last answer's request met a stop: the same again
+            raise StopError(StopReason(nxt.raw["reason"]), str(nxt.raw.get("detail") or ""))
         if isinstance(nxt, StopEvent):  # the recorded model call ended the run
             raise self.log.recorded_stop(nxt)
         raise RecordingEnded(request.step, f"the model is asked for step {request.step}, "
@@ -366,7 +386,10 @@ class PlaybackModel:
         return self._estimate()
 
     def _estimate(self) -> int | None:
-        nxt = None if self.log.detached else self.log.rec.peek()
+        rec = self.log.rec
+        nxt = None if self.log.detached else rec.peek()
+        if nxt is not None and nxt.kind == "last_answer" and rec.pos + 1 < len(rec.events):
+            nxt = rec.events[rec.pos + 1]  # the last answer's request follows its `asked` event
         return nxt.prompt_estimate if isinstance(nxt, RequestEvent) else None
 
     def describe(self) -> dict[str, Any]:
@@ -463,6 +486,7 @@ class Playback:
         cannot be turned back into a run."""
         h, path = recorded.header, recorded.path
         state = new_state(registry, limits, policy_of(h, path), h.params, messages_of(h), compaction_of(h, path))
+        priced(state, h, path)
         plog = PlaybackLog(Recording(recorded.events), state, what_if=what_if, compare=compare)
         gate = gate_of(h, path, PlaybackApproval(plog))
         if logged_taint:
@@ -473,6 +497,21 @@ class Playback:
     def drive(self) -> RunResult:
         """The ring to its stop; raises Diverged (unless what-if) or RecordingEnded."""
         return drive(self.state, self.model, self.log, self.guards, self.executor)
+
+
+def priced(state: RunState, h: Header, path: str) -> None:
+    """The run's prices as its header recorded them (the user's table and the start price), so a
+    replayed run is charged and checked as the recorded one was. LogError when unreadable."""
+    record = h.raw.get("prices")
+    if record is None:
+        return
+    try:
+        if not isinstance(record, dict):
+            raise PriceError("must be an object")
+        model = record.get("model")
+        state.set_prices(PriceBook.from_record(record), model if isinstance(model, str) else None)
+    except PriceError as exc:
+        raise LogError(path, h.line, f"header prices: {exc}") from None
 
 
 def _taint(gate: UntrustedGate, e: Event) -> bool:

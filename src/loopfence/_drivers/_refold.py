@@ -17,6 +17,8 @@ gate's answers, the stop's reason). Where they part is the answer:
 - the ring goes on where the log stops: earned only for `ANYTIME` (a cancel or a bug can end a
   run between any two events); otherwise no guard stops there;
 - the ring stops where the log goes on: a guard would have stopped the run earlier;
+- the ring and the log part over the last answer (Policy.last_answer: asked, skipped or failed where
+  the log says otherwise), after agreeing on the stop;
 - anything else: the log does not follow the ring (e.g. a call the ring would have run, not reused).
 
 The wall clock is the one input the log holds only as numbers. Playback sets the clock to each
@@ -102,6 +104,9 @@ def _parted(plog: PlaybackLog, stop: StopEvent, d: Divergence, ring: Stop | None
     got = d.got or {}
     stopping = got.get("event") == "stop" or (got.get("event") == "call" and got.get("reason") == "not_executed")
     how = f"with {ring.reason} ({ring.detail})" if ring is not None else ""
+    if _in_last_answer(plog, d):  # the stop agreed; what came after it (Policy.last_answer) did not
+        return Refold(False, f"line {d.line or stop.line}: the last answer does not follow the ring (the log: "
+                      f"{_show(d.expected)}; the ring: {_show(got)})", ring, ring is not None)
     if _at_stop(plog, d.line):
         if stopping and ring is not None:
             return Refold(False, f"line {stop.line}: the log stops {stop.reason}, the ring, fed the log, "
@@ -158,6 +163,11 @@ def _differs(stop: StopEvent, ring: Stop) -> str:
     bad = [f"{k}={v!r} (the guard: {mine.get(k)!r})" for k, v in stop.data.items()
            if not (clock and k == "value") and (k not in mine or mine[k] != v)]
     return ", ".join(bad)
+
+
+def _in_last_answer(plog: PlaybackLog, d: Divergence) -> bool:
+    """Did the ring and the log part over the last answer (a `last_answer` event on either side)?"""
+    return "last_answer" in ((d.got or {}).get("event"), (d.expected or {}).get("event"))
 
 
 def _at_stop(plog: PlaybackLog, line: int) -> bool:

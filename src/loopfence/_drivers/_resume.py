@@ -27,7 +27,7 @@ from ..tools._executor import Executor
 from ..tools._registry import Tool, ToolKind
 from ..runlog._events import LogError, StopEvent
 from ._playback import (Diverged, PlaybackApproval, PlaybackExecutor, PlaybackLog, PlaybackModel,
-                        PlaybackSignal, Recording)
+                        PlaybackSignal, Recording, priced)
 from ..runlog._reader import RunLogFile, read_log
 from ..runlog._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
                        model_of, policy_of, workspace_tools_of)
@@ -89,6 +89,7 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
         os.truncate(p, log.complete_bytes)
     state = new_state(registry, limits_of(h, p), policy_of(h, p), h.params, messages_of(h),
                       compaction_of(h, p))
+    priced(state, h, p)  # the cost budget goes on at the recorded prices
 
     def go_live(plog: PlaybackLog) -> RunLog:
         live = RunLog(p, append=True, seq=log.next_seq, t0=state.t0, listener=listener)

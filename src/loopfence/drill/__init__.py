@@ -9,7 +9,8 @@ The scenario file format is public and stable: docs/DRILL.md.
 """
 
 from ._calls import CallRecord, calls_from_events
-from ._load import builtin_tool_names, find_scenario_files, known_tool_names, load_scenario, load_scenarios
+from ._load import (builtin_tool_names, find_scenario_files, known_tool_names, load_each, load_scenario,
+                    load_scenarios)
 from ._models import DrillSetupError, Endpoint, ModelFactory, scripted_models
 from ._runner import DrillResult, run_scenario
 from ._scenario import CannedTool, Expect, ExpectedCall, Scenario, ScenarioError
@@ -20,7 +21,7 @@ from ._tools import canned_tool, scenario_tools
 __all__ = [
     "CallRecord", "CannedTool", "DrillResult", "DrillSetupError", "Endpoint", "Expect", "ExpectedCall",
     "ModelFactory", "STUB_NAMES", "Scenario", "ScenarioError", "builtin_tool_names", "calls_from_events",
-    "canned_tool", "decision_table", "find_scenario_files", "known_tool_names", "load_scenario",
+    "canned_tool", "decision_table", "find_scenario_files", "known_tool_names", "load_each", "load_scenario",
     "load_scenarios", "print_table", "run_scenario", "scenario_tools", "scripted_models", "stub_tools",
     "write_results",
 ]

@@ -17,7 +17,7 @@ from ._parts import parse_canned, parse_expect, parse_replies
 from ._scenario import Scenario, ScenarioError
 from ._stubs import STUB_NAMES
 
-__all__ = ["load_scenario", "load_scenarios", "find_scenario_files", "builtin_tool_names",
+__all__ = ["load_scenario", "load_scenarios", "load_each", "find_scenario_files", "builtin_tool_names",
            "known_tool_names", "SCENARIO_KEYS"]
 
 SCENARIO_KEYS = ("name", "description", "task", "system", "workspace", "symlinks", "tools",
@@ -56,14 +56,30 @@ def find_scenario_files(paths: list[str | Path]) -> list[Path]:
 def load_scenarios(paths: list[str | Path]) -> list[Scenario]:
     """All scenarios under `paths`; the first bad file raises ScenarioError. Names must be unique."""
     scenarios: list[Scenario] = []
+    for item in load_each(paths):
+        if isinstance(item, ScenarioError):
+            raise item
+        scenarios.append(item)
+    return scenarios
+
+
+def load_each(paths: list[str | Path]) -> list[Scenario | ScenarioError]:
+    """Every file under `paths`, in order: its scenario, or the ScenarioError that names the file and
+    the field (a name already used by an earlier file is one too), so one bad file does not stop the
+    others. A missing path or an empty folder still raises (there is no file to report)."""
+    out: list[Scenario | ScenarioError] = []
     seen: dict[str, str] = {}
     for p in find_scenario_files(paths):
-        s = load_scenario(p)
-        if s.name in seen:
-            raise ScenarioError(p, "name", f"{s.name!r} is already used by {seen[s.name]}")
+        try:
+            s = load_scenario(p)
+            if s.name in seen:
+                raise ScenarioError(p, "name", f"{s.name!r} is already used by {seen[s.name]}")
+        except ScenarioError as exc:
+            out.append(exc)
+            continue
         seen[s.name] = str(p)
-        scenarios.append(s)
-    return scenarios
+        out.append(s)
+    return out
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -15,7 +15,7 @@ from ..tools import ArgumentError, Registry
 from ._calls import CallRecord, calls_from_events
 from ._expect import Observed, mismatches
 from ._models import DrillSetupError, ModelFactory, scripted_models
-from ._scenario import Scenario
+from ._scenario import Scenario, ScenarioError
 from ._tools import make_workspace, scenario_tools
 
 __all__ = ["DrillResult", "run_scenario"]
@@ -40,6 +40,13 @@ class DrillResult:
     mismatches: tuple[str, ...] = ()
     error: str | None = None  # the scenario could not run
     log: str | None = None
+
+    @classmethod
+    def bad_file(cls, exc: ScenarioError) -> DrillResult:
+        """The row of a scenario file that could not be loaded: it names the file and the field."""
+        why = str(exc)
+        return cls(Path(exc.file).stem, exc.file, None, None, None, why, passed=False, mismatches=(why,),
+                   error=why)
 
     @property
     def failed(self) -> bool:

@@ -10,6 +10,8 @@ courtesy, the estimate still holds. Async: the model passes the client of the lo
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from typing import Any
 
 import httpx
@@ -26,12 +28,14 @@ class ServerTokenCounter:
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.available: bool | None = None  # None: not probed yet
+        self._probes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[bool]] = \
+            weakref.WeakKeyDictionary()
         self.failures = 0
 
     async def count(self, client: httpx.AsyncClient, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]]) -> int | None:
         if self.available is None:
-            self.available = await self._probe(client)
+            self.available = await self._probe_once(client)
         if not self.available:
             return None
         try:
@@ -48,6 +52,15 @@ class ServerTokenCounter:
             if self.failures >= 2:  # e.g. tools need --jinja: stop asking, estimate instead
                 self.available = False
             return None
+
+    async def _probe_once(self, client: httpx.AsyncClient) -> bool:
+        """One probe per event loop, however many runs there ask at once (a thousand concurrent
+        first requests would otherwise send a thousand GET /props)."""
+        loop = asyncio.get_running_loop()
+        probe = self._probes.get(loop)
+        if probe is None:
+            probe = self._probes[loop] = loop.create_task(self._probe(client))
+        return await asyncio.shield(probe)
 
     async def _probe(self, client: httpx.AsyncClient) -> bool:
         try:

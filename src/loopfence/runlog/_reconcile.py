@@ -17,7 +17,7 @@ from typing import Any
 
 from .._contract import check_reply
 from .._drivers._refold import refold
-from .._guards import Guard
+from .._guards import NUDGED, Guard
 from .._messages import Reply
 from .._stops import StopReason, Verdict
 from ._events import CallEvent, LogError, ReplyEvent, ResultEvent, StopEvent
@@ -33,12 +33,14 @@ INVARIANTS = {
     "steps_are_requests": "ledger model_requests = request events (steps 1..n in order)",
     "calls_requested": "ledger tool_calls = tool calls in the replies",
     "executions": "ledger tool_executions = executed results",
-    "reuses": "ledger reused = reused results (and refused, rejected)",
-    "tokens": "ledger token totals = the sum of the replies' usage",
+    "reuses": "ledger reused = reused results (and refused, rejected; nudges = nudge events, at most one, "
+              "each for a repetition rule)",
+    "tokens": "ledger token totals (and dollars, where the run was priced) = the sum of the replies' usage",
     "stop_is_last": "exactly one stop, and it is the last event",
     "stop_reason_known": "the stop reason is in the vocabulary and the verdict fits it",
     "limit_reached": "the guards the ring runs, fed the log, stop where the log stops, for its reason",
-    "no_overwritten_answer": "no final answer existed before a later stop",
+    "no_overwritten_answer": "no final answer existed before a later stop; a last answer is the reply to "
+                             "the request its `last_answer` event asked, and only that",
 }
 
 
@@ -95,7 +97,7 @@ def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = Non
                sum(len(t.parsed.tool_calls) for t in turns if t.parsed), "tool calls in the replies"),
         _count("executions", ledger, "tool_executions",
                sum(r.decision == "executed" for r in results), "executed results"),
-        _reuses(ledger, results),
+        _reuses(ledger, results, log),
         _tokens(ledger, turns, stop),
         _stop_last(log, stops),
         _stop_known(stop),
@@ -169,14 +171,16 @@ def _steps(log: RunLogFile, ledger: dict[str, Any]) -> Check:
     return Check("steps_are_requests", ok, detail if in_order else f"{detail}; steps out of order: {steps}")
 
 
-def _reuses(ledger: dict[str, Any], results: list[ResultEvent]) -> Check:
+def _reuses(ledger: dict[str, Any], results: list[ResultEvent], log: RunLogFile) -> Check:
     seen = Counter(r.decision for r in results)
     parts, ok = [], True
     for field, decision in (("reused", "reused"), ("refused", "refused"), ("rejected", "rejected")):
         says = ledger.get(field)
         ok = ok and says == seen[decision]
         parts.append(f"{field}={says}/{seen[decision]}")
-    return Check("reuses", ok, ", ".join(parts) + " (ledger/results)")
+    nudged = _nudges(log, ledger)
+    detail = ", ".join(parts) + " (ledger/results)"
+    return Check("reuses", ok and not nudged, detail + (f"; {nudged}" if nudged else ""))
 
 
 def _tokens(ledger: dict[str, Any], turns: list[_Turn], stop: StopEvent | None) -> Check:
@@ -185,9 +189,33 @@ def _tokens(ledger: dict[str, Any], turns: list[_Turn], stop: StopEvent | None) 
     per_step = [(t.reply.prompt_tokens, t.reply.completion_tokens) for t in turns]
     ok = ledger.get("prompt_tokens") == prompt and ledger.get("completion_tokens") == completion and \
         (stop is None or list(stop.per_step) == per_step)
-    return Check("tokens", ok, f"prompt {ledger.get('prompt_tokens')}/{prompt}, completion "
-                 f"{ledger.get('completion_tokens')}/{completion} (ledger/replies)"
-                 + ("" if stop is None or list(stop.per_step) == per_step else "; per_step differs"))
+    detail = f"prompt {ledger.get('prompt_tokens')}/{prompt}, completion " \
+        f"{ledger.get('completion_tokens')}/{completion} (ledger/replies)" + \
+        ("" if stop is None or list(stop.per_step) == per_step else "; per_step differs")
+    costs = [c for t in turns if isinstance(c := (t.reply.raw.get("usage") or {}).get("cost_usd"), (int, float))]
+    says = ledger.get("cost_usd")
+    if costs or says is not None:
+        spent: float | None = None
+        for c in costs:  # added up as the ledger adds them
+            spent = round((spent or 0.0) + c, 9)
+        same = spent is None and says in (None, 0, 0.0) or \
+            (isinstance(says, (int, float)) and spent is not None and abs(says - spent) < 1e-9)
+        ok = ok and same
+        detail += f", ${says}/${spent} (ledger/replies)"
+    return Check("tokens", ok, detail)
+
+
+def _nudges(log: RunLogFile, ledger: dict[str, Any]) -> str:
+    """What is wrong with the nudges (Policy(nudge=True)): "" when nothing."""
+    nudges = [e for e in log.events if e.kind == "nudge"]
+    says = ledger.get("nudges", 0)  # absent: none (older logs, runs without one)
+    bad = [f"a nudge at line {e.line} for {e.raw.get('reason')}" for e in nudges
+           if e.raw.get("reason") not in NUDGED]
+    if len(nudges) > 1:
+        bad.append(f"{len(nudges)} nudges (lines {[e.line for e in nudges]}): a run gives one")
+    if says != len(nudges):
+        bad.append(f"ledger nudges={says}, nudge events: {len(nudges)}")
+    return "; ".join(bad)
 
 
 def _stop_last(log: RunLogFile, stops: list[StopEvent]) -> Check:
@@ -237,6 +265,10 @@ def _overwritten(log: RunLogFile, turns: list[_Turn]) -> Check:
     max_tokens = log.header.params.get("max_tokens")
     registry = registry_of(log.header)
     events = list(log.events)
+    asked = {e.raw.get("step") for e in events if e.kind == "last_answer" and e.raw.get("decision") == "asked"}
+    stop = log.stop
+    said = stop.raw.get("last_answer") if stop is not None else None
+    given = None  # the last answer's reply text, when it gave one
     for t in turns:
         r = t.parsed
         if r is None or r.tool_calls or not (r.content or "").strip():
@@ -245,6 +277,12 @@ def _overwritten(log: RunLogFile, turns: list[_Turn]) -> Check:
             continue
         i = events.index(t.reply)
         nxt = next((e for e in events[i + 1:] if e.kind != "resume"), None)  # a crash may sit between
+        if t.step in asked:  # the reply to the last answer's request: it goes to the stop's last_answer
+            given = r.content
+            if not isinstance(nxt, StopEvent) or said != r.content or nxt.final_answer is not None:
+                return Check("no_overwritten_answer", False, f"the last answer at line {t.reply.line} (step "
+                             f"{t.step}) is not the stop's last_answer")
+            continue
         if not isinstance(nxt, StopEvent):
             what = f"{nxt.kind} at line {nxt.line}" if nxt else "nothing (no stop)"
             return Check("no_overwritten_answer", False, f"a final answer at line {t.reply.line} (step "
@@ -252,4 +290,7 @@ def _overwritten(log: RunLogFile, turns: list[_Turn]) -> Check:
         if nxt.reason != StopReason.FINAL_ANSWER or nxt.final_answer != r.content:
             return Check("no_overwritten_answer", False, f"a final answer at line {t.reply.line} ended in "
                          f"stop {nxt.reason} without that answer")
+    if said is not None and given is None:
+        return Check("no_overwritten_answer", False, "the stop has a last_answer that no last-answer request's "
+                     "reply gave")
     return Check("no_overwritten_answer", True, "no answer was lost")

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter
 from .._stops import StopReason, Verdict
 
 __all__ = ["Decision", "GateDecision", "LogEvent", "HeaderLine", "RequestLine", "ReplyLine", "CallLine",
-           "ResultLine", "GateLine", "ResumeLine", "RetryLine", "StopLine", "Usage", "LOG_LINE",
+           "ResultLine", "GateLine", "ResumeLine", "RetryLine", "NudgeLine", "LastAnswerLine", "StopLine", "Usage",
+           "LOG_LINE",
            "FORMAT", "VERSION", "READS_VERSIONS", "EVENT_KINDS", "parse_line", "events_schema"]
 
 FORMAT = "loopfence.runlog"
@@ -74,6 +75,9 @@ class HeaderLine(LogEvent):
     compaction: Obj | None = None
     tool_info: Obj | None = None
     workspace: str | None = None
+    # a run with a cost budget or a price table: {"table": the user's {model: [in, out]} per MTok,
+    # "model": the start model's name, "rates": [in, out, source]} (absent: the run had no price)
+    prices: Obj | None = None
 
 
 class RequestLine(LogEvent):
@@ -95,6 +99,7 @@ class Usage(BaseModel):
     # the ledger charged that estimate ("estimate"); what was reported (absent in older logs)
     charged: Literal["estimate"] | None = None
     completion_reported: int | None = None
+    cost_usd: float | None = None  # dollars charged (absent: the run had no price)
 
 
 class ReplyLine(LogEvent):
@@ -171,6 +176,35 @@ class RetryLine(LogEvent):
     reason: str
 
 
+class NudgeLine(LogEvent):
+    """Policy(nudge=True): the run's first repetition stop (`reason`, `detail`, `data`: the stop it
+    replaced) became this message; `delivered` "refusal": the call (`tool_call_id`) was refused with
+    it as its result; "message": it went to the model as a user message after the turn's results."""
+
+    event: Literal["nudge"]
+    step: int
+    reason: Annotated[StopReason, _Enum]
+    detail: str = ""
+    data: Obj = {}
+    tool_call_id: str | None = None
+    key: str | None = None
+    delivered: Literal["refusal", "message"]
+    message: str
+
+
+class LastAnswerLine(LogEvent):
+    """Policy(last_answer=True), after the run stopped: the request for a last answer (tools
+    disabled) was `asked` (its request and reply follow), `skipped` (`reason`: the budget that did
+    not let it through), or `failed` (no answer: `reason` the stop its request met, or none)."""
+
+    event: Literal["last_answer"]
+    step: int
+    decision: Literal["asked", "skipped", "failed"]
+    reason: Annotated[StopReason, _Enum] | None = None
+    detail: str = ""
+    max_tokens: int | None = None
+
+
 class StopLine(LogEvent):
     event: Literal["stop"]
     reason: Annotated[StopReason, _Enum]
@@ -181,12 +215,14 @@ class StopLine(LogEvent):
     partial_text: str | None = None
     ledger: Obj
     per_step: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = []  # [prompt, completion]
+    last_answer: str | None = None  # Policy(last_answer=True): the answer given after the stop (verdict stays KILL)
 
 
 AnyLine = Annotated[HeaderLine | RequestLine | ReplyLine | CallLine | ResultLine | GateLine | ResumeLine
-                    | RetryLine | StopLine, Field(discriminator="event")]
+                    | RetryLine | NudgeLine | LastAnswerLine | StopLine, Field(discriminator="event")]
 LOG_LINE: TypeAdapter[AnyLine] = TypeAdapter(AnyLine)
-EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume", "retry", "stop")
+EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume", "retry", "nudge", "last_answer",
+               "stop")
 
 
 def parse_line(record: dict[str, Any]) -> LogEvent:

@@ -9,7 +9,10 @@
 | run_command(command, timeout_s=30) | side_effect, privileged | sandboxed shell, killed at its timeout |
 
 Every path goes through the Jail (_pathguard.py) before any disk access. `privileged=True` marks the
-tools a taint gate may refuse while untrusted content is in the conversation.
+tools a taint gate may refuse while untrusted content is in the conversation. Results name paths
+relative to the workspace root, never the host's absolute path. What the workspace held when the
+tools were made (the run's start) is reported in the first tool's `info` (tools/_manifest.py), so
+the log header records it for `replay --execute-tools`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from ._executor import DEFAULT_RESULT_CAP
 from ._files import FileOptions, FileTools
+from ._manifest import START_KEY, workspace_manifest
 from ._pathguard import Jail
 from ._provenance import Provenance
 from ._registry import Tool, tool
@@ -37,7 +41,8 @@ def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, san
                     page_chars: int = PAGE_CHARS,
                     result_cap: int | None = DEFAULT_RESULT_CAP, command_limits: CommandLimits | None = None,
                     max_command_timeout_s: float = 300.0, hide_env: Iterable[str] = (),
-                    allow_hardlinks: bool = False) -> list[Tool]:
+                    allow_hardlinks: bool = False, manifest: bool = True,
+                    snapshot: str | Path | None = None) -> list[Tool]:
     """The built-in tools bound to one workspace folder (all of them, or those in `names`).
 
     sandbox: run_command inside bubblewrap (default); False is the explicit, logged opt-out.
@@ -52,12 +57,19 @@ def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, san
       refuse: a hard link made before the run can name a file outside the workspace).
     hide_env: environment variables an unsandboxed run_command does not get, besides OPENAI_API_KEY
       and LOOPFENCE_API_KEY (the sandbox passes none); their values are also masked in its output.
+    manifest: record what the workspace holds now (paths, sizes, sha256; bounded, see
+      tools/_manifest.py) in the first tool's `info`, i.e. in the run log header as
+      `tool_info.<tool>.workspace_at_start`: make the tools once per run, as the run starts.
+    snapshot: also archive it there (a .tar.gz; its path and sha256 in the manifest), so `replay
+      --execute-tools` can rebuild the starting workspace anywhere. Raises SnapshotError (an OSError)
+      when it cannot be written.
     """
     wanted = list(BUILTIN_NAMES if names is None else names)
     unknown = sorted(set(wanted) - set(BUILTIN_NAMES))
     if unknown:
         raise ValueError(f"unknown built-in tool(s) {unknown}; the built-ins are {list(BUILTIN_NAMES)}")
     jail = Jail(root, allow_hardlinks=allow_hardlinks)
+    start = workspace_manifest(jail.root, snapshot=snapshot) if manifest or snapshot is not None else None
     untrusted = tuple(untrusted_globs or ())
     provenance = Provenance(jail.root, untrusted, tuple(trust_globs or ()))
     files = FileTools(jail, FileOptions(page_chars=page_chars, untrusted_globs=untrusted), provenance)
@@ -100,4 +112,7 @@ def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, san
         "run_command": lambda: replace(tool(run_command, kind="side_effect", privileged=True,
                                             description=run_doc, self_timed=True), info=shell.bounds()),
     }
-    return [replace(made[name](), provenance=provenance) for name in BUILTIN_NAMES if name in wanted]
+    tools = [replace(made[name](), provenance=provenance) for name in BUILTIN_NAMES if name in wanted]
+    if start is not None and tools:
+        tools[0] = replace(tools[0], info={**tools[0].info, START_KEY: start.to_json()})
+    return tools

@@ -1,7 +1,8 @@
 """The file tools' bodies: read_file, list_dir, write_file, apply_patch, all behind the Jail.
 
 Every outcome is a value: text, `ToolOutput` (untrusted text) or a `{"ok": false, "error": ...}` dict
-the model can act on. Nothing here raises for a bad path, a missing file or a bad page.
+the model can act on. Nothing here raises for a bad path, a missing file or a bad page. Paths in
+results are relative to the workspace root: no result names the host's absolute path.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class FileTools:
         except ValueError as exc:
             return _fail("file_too_large", path, str(exc))
         except OSError as exc:
-            return _fail("io_error", path, f"cannot read {loc.rel}: {exc}")
+            return _fail("io_error", path, f"cannot read {loc.rel}: {self._why(exc)}")
         try:
             text = data.decode(encoding)
         except UnicodeDecodeError as exc:
@@ -109,7 +110,7 @@ class FileTools:
         try:
             entries = self.jail.entries(loc)
         except OSError as exc:
-            return _fail("io_error", path, f"cannot list {loc.rel}: {exc}")
+            return _fail("io_error", path, f"cannot list {loc.rel}: {self._why(exc)}")
         marks = {"dir": "/", "symlink": "@", "special": " (special file)", "file": ""}
         lines = [e.name + marks[e.kind] for e in entries[: self.opt.list_cap]]
         head = f"[folder {loc.rel}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}; folders end with /]"
@@ -131,7 +132,7 @@ class FileTools:
         try:
             created = self.jail.write_bytes(loc, data)
         except OSError as exc:
-            return _fail("io_error", path, f"cannot write {loc.rel}: {exc}")
+            return _fail("io_error", path, f"cannot write {loc.rel}: {self._why(exc)}")
         return {"ok": True, "path": loc.rel, "bytes_written": len(data), "created": created}
 
     # ------------------------------------------------------------------ apply_patch
@@ -176,7 +177,7 @@ class FileTools:
         except HardLinked as exc:
             return PatchError("hardlinked_file", str(exc), {"path": path, "hint": _HARDLINK_HINT}).to_dict()
         except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-            return PatchError("io_error", f"cannot read {loc.rel} as UTF-8 text: {exc}",
+            return PatchError("io_error", f"cannot read {loc.rel} as UTF-8 text: {self._why(exc)}",
                               {"path": path}).to_dict()
 
     def _commit(self, texts: dict[tuple[str, ...], tuple[Located, str | None]],
@@ -195,7 +196,7 @@ class FileTools:
                     self._put(texts[key][0], originals[key])
                 except OSError:
                     pass
-            return {"ok": False, "error": "io_error", "message": f"writing failed ({exc}); the files "
+            return {"ok": False, "error": "io_error", "message": f"writing failed ({self._why(exc)}); the files "
                     "already written were restored", "changed": "nothing (restored)"}
         return None
 
@@ -209,6 +210,13 @@ class FileTools:
             self.jail.write_bytes(loc, text.encode("utf-8", "surrogatepass"))
 
     # ------------------------------------------------------------------ shared
+    def _why(self, exc: BaseException) -> str:
+        """An error in words, with no absolute host path: the OS's reason (its file name is a
+        component or the root), else the message with the root spelled "."."""
+        if isinstance(exc, OSError) and exc.strerror:
+            return exc.strerror
+        return str(exc).replace(str(self.jail.root), ".")
+
     def _existing(self, path: str, want: str) -> Located | dict[str, Any]:
         loc = self.jail.locate(path)
         if isinstance(loc, Refusal):

@@ -1,12 +1,15 @@
 """A small JSON-schema subset for tools declared by schema (drill canned tools, MCP-style tools).
 
 Covers: type (incl. lists of types), properties, required, additionalProperties (bool or schema),
-enum, const, items, minimum/maximum, minLength/maxLength. Unknown keywords are ignored.
+enum, const, items, minimum/maximum, minLength/maxLength. A schema using any other keyword (anyOf,
+$ref, pattern, format, ...) is then checked in full by jsonschema (_fullschema), when installed.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from ._fullschema import full_problem, needs_full
 
 __all__ = ["validate_schema", "apply_defaults", "json_type"]
 
@@ -24,6 +27,13 @@ _TYPES: dict[str, Any] = {
 
 def validate_schema(value: Any, schema: dict[str, Any], where: str = "arguments") -> str | None:
     """None when `value` fits `schema`, else one message naming the first field that does not."""
+    problem = _subset(value, schema, where)
+    if problem is None and needs_full(schema):
+        return full_problem(value, schema, where)
+    return problem
+
+
+def _subset(value: Any, schema: dict[str, Any], where: str) -> str | None:
     if not isinstance(schema, dict):
         return None
     types = schema.get("type")
@@ -47,7 +57,7 @@ def validate_schema(value: Any, schema: dict[str, Any], where: str = "arguments"
             return f"{where}: longer than {schema['maxLength']} characters"
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(value):
-            problem = validate_schema(item, schema["items"], f"{where}[{i}]")
+            problem = _subset(item, schema["items"], f"{where}[{i}]")
             if problem:
                 return problem
     if isinstance(value, dict):
@@ -59,14 +69,14 @@ def validate_schema(value: Any, schema: dict[str, Any], where: str = "arguments"
         extra = schema.get("additionalProperties", True)
         for key, item in value.items():
             if key in props:
-                problem = validate_schema(item, props[key], f"{where}.{key}" if where != "arguments" else key)
+                problem = _subset(item, props[key], f"{where}.{key}" if where != "arguments" else key)
                 if problem:
                     return problem
             elif extra is False:
                 return f"unexpected argument {key!r}" if where == "arguments" else \
                     f"{where}: unexpected key {key!r}"
             elif isinstance(extra, dict):
-                problem = validate_schema(item, extra, f"{where}.{key}")
+                problem = _subset(item, extra, f"{where}.{key}")
                 if problem:
                     return problem
     return None

@@ -189,8 +189,10 @@ class Jail:
 
     # ---------------------------------------------------------------- results
     def missing(self, path: str, loc: Located, want: str = "file") -> dict[str, Any]:
-        """The missing-file result: where we looked and up to 3 existing paths with close names."""
-        return {"ok": False, "error": "missing_file", "path": path, "cwd": str(self.root),
+        """The missing-file result: where we looked and up to 3 existing paths with close names. Paths
+        are relative to the workspace root ("cwd" is "."): the host's absolute path is none of the
+        model's business, and a result that names it could not replay in another folder."""
+        return {"ok": False, "error": "missing_file", "path": path, "cwd": ".",
                 "hint": "do_not_retry_same_path", "similar": self.similar(loc.rel, want),
                 "message": f"no {'folder' if want == 'dir' else 'file'} at {loc.rel} in the workspace"}
 

@@ -6,6 +6,7 @@ refused); the bound arguments are what the canonical key is made of.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -132,24 +133,42 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind:
         raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
 
     def build(f: Callable[..., Any]) -> Tool:
-        sig = inspect.signature(f)
-        fields: dict[str, Any] = {}
-        for pname, p in sig.parameters.items():
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                raise TypeError(f"tool {f.__name__}: *args/**kwargs are not allowed in tools")
-            ann = p.annotation if p.annotation is not inspect.Parameter.empty else Any
-            fields[pname] = (ann, ... if p.default is inspect.Parameter.empty else p.default)
-        model = create_model(f"{f.__name__}_args", __base__=_Strict, **fields)
-        params = model.model_json_schema()
-        params.pop("title", None)
-        for prop in params.get("properties", {}).values():
-            prop.pop("title", None)
-        params["additionalProperties"] = False
+        model, params = _arguments_of(f)
         doc = description if description is not None else inspect.getdoc(f) or ""
-        return Tool(name or f.__name__, doc, params, f, ToolKind(kind), result_model, untrusted,
-                    isolation or "", privileged, model, self_timed)
+        return Tool(name or f.__name__, doc, copy.deepcopy(params), f, ToolKind(kind), result_model,
+                    untrusted, isolation or "", privileged, model, self_timed)
 
     return build(fn) if fn is not None else build
+
+
+_ARGUMENT_MODELS: dict[tuple[Any, str], tuple[type[BaseModel], dict[str, Any]]] = {}
+_MAX_CACHED = 1024
+
+
+def _arguments_of(f: Callable[..., Any]) -> tuple[type[BaseModel], dict[str, Any]]:
+    """The arguments' model and JSON schema, built once per code and signature: tools made afresh
+    for every run or episode (closures over a workspace) share them (a pydantic model costs ms)."""
+    sig = inspect.signature(f)
+    key = (getattr(f, "__code__", f), repr(sig))
+    cached = _ARGUMENT_MODELS.get(key)
+    if cached is not None:
+        return cached
+    fields: dict[str, Any] = {}
+    for pname, p in sig.parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"tool {f.__name__}: *args/**kwargs are not allowed in tools")
+        ann = p.annotation if p.annotation is not inspect.Parameter.empty else Any
+        fields[pname] = (ann, ... if p.default is inspect.Parameter.empty else p.default)
+    model = create_model(f"{f.__name__}_args", __base__=_Strict, **fields)
+    params = model.model_json_schema()
+    params.pop("title", None)
+    for prop in params.get("properties", {}).values():
+        prop.pop("title", None)
+    params["additionalProperties"] = False
+    if len(_ARGUMENT_MODELS) >= _MAX_CACHED:
+        _ARGUMENT_MODELS.clear()
+    _ARGUMENT_MODELS[key] = (model, params)
+    return model, params
 
 
 class Registry:

@@ -1,0 +1,447 @@
+"""The local batch engine: many fenced runs on one event loop, a folder that survives a kill.
+
+    result = await abatch("episodes.jsonl", model=OpenAIModel(url, "m"), out="runs/job", concurrency=32)
+    result.summary.by_stop, result.rows
+
+At most `concurrency` episodes run at once (a semaphore); each is `arun()` with its own log
+(`episodes/ID.jsonl`) and, when it has a workspace or built-in tools, its own copy of the workspace
+(`workspaces/ID/`, removed when it finishes unless `keep_workspaces`). A row goes to `results.jsonl`
+as each episode finishes, in one write. Resuming (`resume=True`) reads the folder back: an episode
+with a row is done; one with a log and no row is continued from its log (`_drivers.resume`: a
+side-effecting call whose outcome is unknown is never run again), or, when its log already ends
+with a stop, gets its row from that stop; the rest start. Episodes that ended for one of
+`retry_stops` run again from the start (a fresh workspace, the old log kept under `retries/ID/`),
+at most `max_retries` times each; rows of episodes that could not run at all are dropped on resume
+and tried again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Union
+
+from .._aio import run_sync
+from .._json import dumps, loads
+from .._limits import Limits, Policy
+from .._loop import arun
+from .._stops import StopReason
+from .._drivers._resume import resume
+from ..models._base import Model
+from ..models._scripted import ScriptedModel
+from ..runlog._events import LogError
+from ..runlog._reader import read_log
+from ..runlog._writer import LogWriteError
+from ..tools._builtin import workspace_tools
+from ..tools._registry import Tool
+from ._episodes import Episode, EpisodeError, load_episodes, parse_episodes
+from ._results import EpisodeResult, ResultsError, ResultsFile, Summary, summarize
+
+__all__ = ["abatch", "batch", "BatchResult", "BatchError", "ModelSource", "ToolSource", "JOB_FORMAT",
+           "JOB", "INPUT", "RESULTS", "SUMMARY", "EPISODES", "WORKSPACES", "RETRIES", "read_job"]
+
+JOB_FORMAT = "loopfence.batch.job"
+JOB, INPUT, RESULTS, SUMMARY = "job.json", "input.jsonl", "results.jsonl", "summary.json"
+EPISODES, WORKSPACES, RETRIES = "episodes", "workspaces", "retries"
+
+ModelSource = Union[Model, Callable[[Episode], Model]]  # one model for all, or a model per episode
+ToolSource = Union[Iterable[Tool], Callable[[Episode, "Path | None"], Iterable[Tool]]]
+
+
+class BatchError(ValueError):
+    """A batch that cannot start: bad episodes, a folder that holds another job, bad settings."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    out: Path
+    summary: Summary
+    rows: list[EpisodeResult]  # every row of results.jsonl, in the episodes' order
+    interrupted: str | None = None  # why some episodes have no row yet (`resume` finishes them)
+
+
+async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | None = None, *,
+                 model: ModelSource, out: str | Path, tools: ToolSource = (), concurrency: int = 16,
+                 resume: bool = False, retry_stops: Iterable[str | StopReason] = (), max_retries: int = 1,
+                 limits: Limits | None = None, policy: Policy | None = None,
+                 params: dict[str, Any] | None = None, keep_workspaces: bool = False,
+                 on_start: Callable[[int, int], None] | None = None,
+                 on_result: Callable[[EpisodeResult], None] | None = None,
+                 settings: dict[str, Any] | None = None, drain: asyncio.Event | None = None) -> BatchResult:
+    """Run every episode (a JSONL path, or episodes in Python) into the folder `out`; the core.
+
+    model: a Model shared by every episode (it must serve concurrent requests, as OpenAIModel does),
+      or a factory called with each Episode (per-episode settings, a replica each).
+    tools: custom tools for every episode, or a factory `(episode, workspace or None) -> tools`;
+      an episode's `tools` names pick among them and the built-ins.
+    limits/policy/params: the defaults under each episode's own.
+    resume: continue the job in `out` (episodes None: the ones it was started with).
+    on_start(total, done_before) and on_result(row): progress hooks, called on the loop.
+    settings: recorded in job.json (the CLI keeps its flags there for `--resume`).
+    drain: once set, no new episode (or retry) starts; those running finish.
+    Cancelling the awaiting task ends the running episodes `cancelled` (their rows are written).
+    """
+    if concurrency < 1:
+        raise BatchError(f"concurrency must be at least 1, got {concurrency}")
+    if max_retries < 0:
+        raise BatchError(f"max_retries must be at least 0, got {max_retries}")
+    stops = _retry_stops(retry_stops)
+    started, cpu0 = time.perf_counter(), time.process_time()
+    folder = Path(out)
+    results = ResultsFile(folder / RESULTS)
+    engine = _Engine(folder, model, tools, limits or Limits(), policy or Policy(), dict(params or {}), stops,
+                     max_retries, keep_workspaces, results, on_result, drain)
+    custom_names = None if engine.tools_factory is not None else [t.name for t in engine.tools]
+    job = _open_job(folder, episodes, resume, settings, custom_names)
+    try:
+        rows = _reconcile_rows(folder, job, results, stops, max_retries, keep_workspaces)
+    except ResultsError as exc:
+        raise BatchError(str(exc)) from None
+    engine.rows.update({r.id: r for r in rows})
+    todo = [ep for ep in job if ep.id not in engine.rows]
+    if on_start is not None:
+        on_start(len(job), len(job) - len(todo))
+    try:
+        await engine.run_all(todo, concurrency)
+    finally:
+        results.close()
+        wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu0
+        ran = engine.ran
+        this_run = {"episodes": ran, "wall_s": round(wall, 3), "episodes_per_s": round(ran / wall, 3) if wall else None,
+                    "cpu_s": round(cpu, 3), "cpu_ms_per_episode": round(cpu * 1000 / ran, 3) if ran else None,
+                    "resumed": engine.resumed, "retries": engine.retries}
+        ordered = [engine.rows[ep.id] for ep in job if ep.id in engine.rows]
+        summary = summarize(ordered, len(job), retry_stops=stops, max_retries=max_retries if stops else 0,
+                            this_run=this_run)
+        _write_json(folder / SUMMARY, summary.to_json())
+    if engine.crash is not None:
+        raise engine.crash
+    why = engine.halted or ("drained: no new episodes were started" if summary.pending else None)
+    return BatchResult(folder, summary, ordered, why)
+
+
+def batch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | None = None, *, model: ModelSource,
+          out: str | Path, tools: ToolSource = (), concurrency: int = 16, resume: bool = False,
+          retry_stops: Iterable[str | StopReason] = (), max_retries: int = 1, limits: Limits | None = None,
+          policy: Policy | None = None, params: dict[str, Any] | None = None, keep_workspaces: bool = False,
+          on_start: Callable[[int, int], None] | None = None,
+          on_result: Callable[[EpisodeResult], None] | None = None,
+          settings: dict[str, Any] | None = None) -> BatchResult:
+    """`abatch` from sync code (an event loop of its own; on a helper thread inside a running loop)."""
+    return run_sync(abatch(episodes, model=model, out=out, tools=tools, concurrency=concurrency, resume=resume,
+                           retry_stops=retry_stops, max_retries=max_retries, limits=limits, policy=policy,
+                           params=params, keep_workspaces=keep_workspaces, on_start=on_start,
+                           on_result=on_result, settings=settings))
+
+
+# -- the folder ------------------------------------------------------------------------------------
+def read_job(folder: str | Path) -> dict[str, Any]:
+    """job.json of a batch folder (BatchError when there is none or it is not one)."""
+    path = Path(folder) / JOB
+    try:
+        data = loads(path.read_bytes())
+    except FileNotFoundError:
+        raise BatchError(f"{folder}: no batch here (no {JOB}); start one with EPISODES.jsonl --out {folder}") from None
+    except (OSError, ValueError) as exc:
+        raise BatchError(f"{path}: cannot read: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != JOB_FORMAT:
+        raise BatchError(f"{path}: not a loopfence batch job")
+    return data
+
+
+def _open_job(folder: Path, episodes: Any, resume: bool, settings: dict[str, Any] | None,
+              custom: list[str] | None) -> list[Episode]:
+    """The episodes of the job in `folder`: written there on a fresh start, read back on resume
+    (where `settings`, when given, replace the recorded ones: the next resume starts from them)."""
+    try:
+        if resume:
+            job = read_job(folder)
+            recorded = load_episodes(folder / INPUT, custom_tools=None, check_workspaces=False)
+            if episodes is not None:
+                given = _load(episodes, custom, check=False)
+                if [e.to_json() for e in given] != [e.to_json() for e in recorded]:
+                    raise BatchError(f"the episodes differ from the ones {folder} was started with "
+                                     f"({folder / INPUT}); resume without them, or use another folder")
+            if settings is not None and settings != job.get("settings"):
+                _write_json(folder / JOB, {**job, "settings": settings})
+            return recorded
+        if (folder / JOB).exists() or (folder / RESULTS).exists():
+            raise BatchError(f"{folder} already holds a batch; resume it (--resume {folder}) or choose "
+                             "another folder")
+        if episodes is None:
+            raise BatchError("no episodes given")
+        job = _load(episodes, custom, check=True)
+        try:
+            (folder / EPISODES).mkdir(parents=True, exist_ok=True)
+            _write_text(folder / INPUT, "".join(dumps(e.to_json()) + "\n" for e in job))
+            source = str(Path(episodes).resolve()) if isinstance(episodes, (str, Path)) else None
+            _write_json(folder / JOB, {"format": JOB_FORMAT, "version": 1,
+                                       "created_at": datetime.now(timezone.utc).isoformat(),
+                                       "source": source, "episodes": len(job), "settings": settings or {}})
+        except OSError as exc:
+            raise BatchError(f"--out {folder}: {exc.strerror or exc}") from None
+        return job
+    except EpisodeError as exc:
+        raise BatchError(str(exc)) from None
+
+
+def _load(episodes: Any, custom: list[str] | None, check: bool) -> list[Episode]:
+    if isinstance(episodes, (str, Path)):
+        return load_episodes(episodes, custom_tools=custom, check_workspaces=check)
+    return parse_episodes(episodes, custom_tools=custom, check_workspaces=check)
+
+
+def _reconcile_rows(folder: Path, job: list[Episode], results: ResultsFile, stops: tuple[str, ...],
+                    max_retries: int, keep: bool) -> list[EpisodeResult]:
+    """The rows that stand: a torn last line is cut off; rows of episodes that could not run and of
+    episodes to retry are taken out (their logs moved under retries/), so each episode keeps exactly
+    one row."""
+    rows = results.load()
+    ids = {e.id for e in job}
+    seen: set[str] = set()
+    for r in rows:
+        if r.id not in ids:
+            raise ResultsError(f"{results.path}: a row for {r.id!r}, which is not an episode of this job")
+        if r.id in seen:
+            raise ResultsError(f"{results.path}: {r.id!r} has two rows")
+        seen.add(r.id)
+    again = [r for r in rows if r.error is not None or (r.stop in stops and r.attempts <= max_retries)]
+    if again:
+        results.rewrite(r for r in rows if r not in again)  # first: a kill now leaves the log to recover
+        for r in again:
+            if r.error is None:
+                _rotate(folder, r.id, r.attempts)
+    kept = [r for r in rows if r not in again]
+    if not keep:
+        for r in kept:
+            shutil.rmtree(folder / WORKSPACES / r.id, ignore_errors=True)
+    return kept
+
+
+def _rotate(folder: Path, ident: str, attempt: int) -> None:
+    log = folder / EPISODES / f"{ident}.jsonl"
+    if log.exists():
+        dest = folder / RETRIES / ident / f"attempt-{attempt}.jsonl"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(log, dest)
+
+
+def _attempts_before(folder: Path, ident: str) -> int:
+    where = folder / RETRIES / ident
+    return len(list(where.glob("attempt-*.jsonl"))) if where.is_dir() else 0
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _write_text(path, dumps(data, indent=2) + "\n")
+
+
+def _retry_stops(stops: Iterable[str | StopReason]) -> tuple[str, ...]:
+    known = {str(s) for s in StopReason}
+    out = []
+    for s in stops:
+        name = str(s).strip()
+        if name not in known:
+            raise BatchError(f"retry stop {name!r} is not a stop reason (known: {', '.join(sorted(known))})")
+        if name == str(StopReason.FINAL_ANSWER):
+            raise BatchError("final_answer is the successful stop; retrying it would run finished work again")
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def _tool_list(tools: Any) -> list[Tool]:
+    if isinstance(tools, Tool):
+        return [tools]
+    return list(tools)
+
+
+# -- the episodes ----------------------------------------------------------------------------------
+class _Engine:
+    def __init__(self, folder: Path, model: ModelSource, tools: ToolSource, limits: Limits, policy: Policy,
+                 params: dict[str, Any], stops: tuple[str, ...], max_retries: int, keep: bool,
+                 results: ResultsFile, on_result: Callable[[EpisodeResult], None] | None,
+                 drain: asyncio.Event | None) -> None:
+        self.folder = folder
+        self.is_factory = not (hasattr(model, "complete") or hasattr(model, "acomplete"))
+        if self.is_factory and not callable(model):
+            raise BatchError("model must be a Model or a callable that makes one per episode")
+        self.model = model
+        self.tools_factory = tools if callable(tools) and not isinstance(tools, (list, tuple, Tool)) else None
+        self.tools = [] if self.tools_factory is not None else _tool_list(tools)
+        self.limits, self.policy, self.params = limits, policy, params
+        self.stops, self.max_retries, self.keep = stops, max_retries, keep
+        self.results = results
+        self.on_result = on_result
+        self.drain = drain
+        self.rows: dict[str, EpisodeResult] = {}
+        self.ran = self.resumed = self.retries = 0
+        self.halted: str | None = None
+        self.crash: BaseException | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self.halted is not None or self.crash is not None or (self.drain is not None and self.drain.is_set())
+
+    async def run_all(self, todo: list[Episode], concurrency: int) -> None:
+        gate = asyncio.Semaphore(concurrency)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(ep: Episode) -> None:
+            try:
+                await self.episode(ep)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a bug here ends the batch, reported
+                self.crash = self.crash or exc
+            finally:
+                gate.release()
+
+        try:
+            for ep in todo:
+                await gate.acquire()
+                if self.stopping:
+                    gate.release()
+                    break
+                task = asyncio.create_task(one(ep), name=f"loopfence-batch-{ep.id}")
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.wait(set(tasks))
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def episode(self, ep: Episode) -> None:
+        attempts = 1 + _attempts_before(self.folder, ep.id)
+        log = self.folder / EPISODES / f"{ep.id}.jsonl"
+        try:
+            row = await self._recover(ep, log, attempts) if log.exists() else None
+            if row is None:
+                row = await self._fresh(ep, log, attempts)
+            while row.stop in self.stops and row.attempts <= self.max_retries and not self.stopping:
+                _rotate(self.folder, ep.id, row.attempts)
+                self.retries += 1
+                row = await self._fresh(ep, log, row.attempts + 1)
+        except LogWriteError as exc:  # the disk: no row, the log resumable; nothing more starts
+            self.halted = self.halted or str(exc)
+            return
+        except asyncio.CancelledError:  # a run ends `cancelled` (its stop line written): its row goes too;
+            row = self._from_log(ep, log, attempts)  # otherwise no row: resume picks the episode up
+            if row is not None:
+                self._finish(ep, row)
+            raise
+        self._finish(ep, row)
+
+    def _finish(self, ep: Episode, row: EpisodeResult) -> None:
+        try:
+            self.results.append(row)
+        except OSError as exc:
+            self.halted = self.halted or f"cannot write {self.results.path}: {exc.strerror or exc}"
+            return
+        self.rows[ep.id] = row
+        self.ran += 1
+        if not self.keep:
+            shutil.rmtree(self.folder / WORKSPACES / ep.id, ignore_errors=True)
+        if self.on_result is not None:
+            self.on_result(row)
+
+    def _rel(self, log: Path) -> str:
+        return str(log.relative_to(self.folder))
+
+    async def _fresh(self, ep: Episode, log: Path, attempts: int) -> EpisodeResult:
+        try:
+            ws = await asyncio.to_thread(self._workspace, ep) if ep.needs_workspace else None
+            tools = self._tools(ep, ws)
+            model = self._model(ep)
+        except Exception as exc:  # noqa: BLE001 - an episode that cannot start is an error row
+            return EpisodeResult.failed(ep.id, f"cannot start: {type(exc).__name__}: {exc}", ep.metadata, attempts)
+        header: dict[str, Any] = {"batch": {"id": ep.id, "attempt": attempts, "out": str(self.folder.resolve())}}
+        if ws is not None:
+            header["workspace"] = str(ws)
+        result = await arun(ep.task, model=model, tools=tools, limits=ep.effective_limits(self.limits),
+                            policy=ep.effective_policy(self.policy), system=ep.system,
+                            params={**self.params, **ep.params}, log=log, header=header)
+        return EpisodeResult.of_run(ep.id, result, ep.metadata, attempts, self._rel(log))
+
+    async def _recover(self, ep: Episode, log: Path, attempts: int) -> EpisodeResult | None:
+        """The row of an episode that has a log and no row: from its stop, or by resuming it. None:
+        its header never made it to the file (nothing ran): start it afresh."""
+        try:
+            with log.open("rb") as fh:
+                head = fh.read(1 << 20)
+        except OSError as exc:
+            return EpisodeResult.failed(ep.id, f"cannot read its log: {exc}", ep.metadata, attempts, self._rel(log))
+        if b"\n" not in head:
+            log.unlink()
+            return None
+        ended = self._from_log(ep, log, attempts)
+        if ended is not None:
+            return ended
+        ws = self.folder / WORKSPACES / ep.id if ep.needs_workspace else None
+        try:
+            if ws is not None and not ws.is_dir():
+                raise ValueError(f"its workspace copy {ws} is gone")
+            tools = self._tools(ep, ws)
+            model = self._model(ep)
+            live = None if type(model) is ScriptedModel else model  # rebuilt from the header: the script goes on
+            outcome = await asyncio.to_thread(resume, log, model=live, tools=tools)
+        except LogWriteError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - it cannot be resumed: say so, never run it again
+            return EpisodeResult.failed(ep.id, f"cannot resume its log: {exc}", ep.metadata, attempts, self._rel(log))
+        if outcome.result is None:
+            return self._from_log(ep, log, attempts)
+        self.resumed += 1
+        return EpisodeResult.of_run(ep.id, outcome.result, ep.metadata, attempts, self._rel(log), resumed=True)
+
+    def _from_log(self, ep: Episode, log: Path, attempts: int) -> EpisodeResult | None:
+        """The row of a log that ends with its stop; None when it does not (or cannot be read)."""
+        try:
+            stop = read_log(log, tolerant=True).stop
+        except (LogError, OSError):
+            return None
+        if stop is None:
+            return None
+        return EpisodeResult.of_stop(ep.id, stop, ep.metadata, attempts, self._rel(log))
+
+    def _workspace(self, ep: Episode) -> Path:
+        """A fresh copy of the episode's workspace (an empty folder when it has none)."""
+        where = self.folder / WORKSPACES / ep.id
+        if where.exists():
+            shutil.rmtree(where)
+        if ep.workspace is not None:
+            shutil.copytree(ep.workspace, where, symlinks=True)
+        else:
+            where.mkdir(parents=True)
+        return where.resolve()
+
+    def _tools(self, ep: Episode, ws: Path | None) -> list[Tool]:
+        builtins = ep.builtin_names()
+        made = workspace_tools(ws, builtins) if builtins and ws is not None else []
+        custom = list(self.tools_factory(ep, ws)) if self.tools_factory is not None else self.tools
+        wanted = ep.custom_names()
+        if wanted is not None:
+            by_name = {t.name: t for t in custom}
+            missing = [n for n in wanted if n not in by_name]
+            if missing:
+                raise ValueError(f"tools: no tool named {', '.join(map(repr, missing))}")
+            custom = [by_name[n] for n in wanted]
+        return [*made, *custom]
+
+    def _model(self, ep: Episode) -> Model:
+        return self.model(ep) if self.is_factory else self.model  # type: ignore[operator, return-value]

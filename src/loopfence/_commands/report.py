@@ -1,0 +1,48 @@
+"""`loopfence report LOG.jsonl | DIR`: a self-contained HTML page (no network) for a run or a batch."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .._printable import printable
+from .._report import write_dir_report, write_run_report
+from .._report._dir import DirError
+from ..runlog._events import LogError
+from ._common import UsageError
+
+__all__ = ["add_parser", "main"]
+
+HELP = "write an HTML page for a run log or a batch / drill folder"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("report", help=HELP, description=(
+        "Write one self-contained HTML file (CSS, script and charts inline; nothing fetched). For a run "
+        "log: the stop, task, model and limits, each budget's use, the per-turn token chart, the "
+        "timeline of steps with every call's decision, gate and compaction decisions, retries. For a "
+        "batch or drill folder: episodes by stop reason, the SHIP rate, a sortable table of episodes "
+        "linking to a page per episode (written next to its log), the decision table."))
+    p.add_argument("path", metavar="LOG.jsonl|DIR", help="a run log, or a batch / drill output folder")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="the page (default: LOG.html next to the log; DIR/report.html for a folder)")
+    p.add_argument("--no-episode-pages", action="store_true",
+                   help="folder: only the folder's page (its table links to no episode page)")
+
+
+def main(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    try:
+        if path.is_dir():
+            out = write_dir_report(path, args.output, episode_pages=not args.no_episode_pages)
+        elif path.exists():
+            out = write_run_report(path, args.output)
+        else:
+            raise UsageError(f"{args.path}: no such file or folder")
+    except (LogError, DirError) as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"{exc.filename or args.output or args.path}: {exc.strerror or exc}") from None
+    print(printable(str(out)))  # the page's path, on stdout (scripts open it)
+    return 0
