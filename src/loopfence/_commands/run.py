@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,14 @@ from .._limits import Policy
 from .._loop import check_price, run
 from .._prices import PriceError, load_prices
 from .._stops import Verdict
+from ..mcp import McpUsageError, open_from_args
+from ..mcp import add_flags as add_mcp_flags
 from ..models import Model, ScriptedModel, ScriptError
 from ..runlog import RunLog
 from ..tools import workspace_tools
 from ..tools._manifest import snapshot_path
 from ._common import UsageError, default_log_path, limits_from_flags, live_printer, print_summary
+from ._toolspec import load_tools
 from .reconcile import reconcile_own_log
 
 __all__ = ["add_parser", "main", "build_model"]
@@ -51,6 +56,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--on-bad-call", choices=["fail", "feedback"], default="fail",
                    help="stop on a malformed call (fail, default) or tell the model (feedback)")
     p.add_argument("--quiet", action="store_true", help="no live step lines")
+    p.add_argument("--tools", metavar="MODULE:ATTR", action="append", default=[],
+                   help="custom Python tools (a Tool, a function or a list of them), next to the built-ins; "
+                   "repeatable; recorded in the header as custom_tools")
+    p.add_argument("--nudge", action="store_true", help="the first repetition stop (repeated_call, "
+                   "no_progress, ...) becomes one message to the model saying what happened; the next one stops")
+    p.add_argument("--last-answer", action="store_true", help="after a budget or repetition stop, one more "
+                   "request with tools off for the best answer so far (RunResult.last_answer; still KILL)")
+    p.add_argument("--report", action="store_true", help="also write the run's HTML page next to the log "
+                   "(loopfence report LOG) and print its path")
+    p.add_argument("--otel", action="store_true", help="send OpenTelemetry GenAI spans and metrics over "
+                   "OTLP/HTTP as the OTEL_EXPORTER_OTLP_* variables say (needs loopfence[otel])")
     fence = p.add_argument_group("untrusted content and context")
     fence.add_argument("--untrusted", metavar="GLOB", action="append", default=[],
                        help="workspace files that are untrusted content (repeatable), e.g. 'vendor/**', "
@@ -81,6 +97,7 @@ def add_parser(sub: Any) -> None:
     http.add_argument("--api-key", metavar="KEY", help="bearer key (default: $LOOPFENCE_API_KEY, then "
                       "$OPENAI_API_KEY; prefer the variables: a flag shows in the process list)")
     http.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
+    add_mcp_flags(p)
 
 
 def build_model(args: argparse.Namespace) -> Model:
@@ -156,18 +173,46 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:  # a folder, a missing or read-only place: one line, exit 2
         raise UsageError(f"--log {log_path}: {exc.strerror or exc}") from None
     snapshot = snapshot_path(log_path) if args.snapshot else None  # taken with the manifest, at the start
-    result = run(args.task, model=model, tools=workspace_tools(workspace, sandbox=not args.unsandboxed,
-                                                             untrusted_globs=args.untrusted,
-                                                             trust_globs=args.trust, hide_env=args.hide_env,
-                                                             allow_hardlinks=args.allow_hardlinks,
-                                                             snapshot=snapshot),
-                 limits=limits, policy=Policy(on_bad_call=args.on_bad_call), system=args.system, log=log,
-                 params=params, prices=prices,
-                 approve=approve, compaction=compaction,
-                 header={"workspace": str(workspace.resolve()), "unsandboxed": args.unsandboxed,
-                         "sandbox": "none" if args.unsandboxed else "bubblewrap",
-                         "untrusted_globs": args.untrusted, "trust_globs": args.trust,
-                         "allow_hardlinks": args.allow_hardlinks})
+    builtins = workspace_tools(workspace, sandbox=not args.unsandboxed, untrusted_globs=args.untrusted,
+                               trust_globs=args.trust, hide_env=args.hide_env,
+                               allow_hardlinks=args.allow_hardlinks, snapshot=snapshot)
+    custom = load_tools(args.tools)
+    policy = Policy(on_bad_call=args.on_bad_call, nudge=args.nudge, last_answer=args.last_answer)
+    header = {"workspace": str(workspace.resolve()), "unsandboxed": args.unsandboxed,
+              "sandbox": "none" if args.unsandboxed else "bubblewrap", "untrusted_globs": args.untrusted,
+              "trust_globs": args.trust, "allow_hardlinks": args.allow_hardlinks,
+              **({"custom_tools": args.tools} if args.tools else {})}
+    with _observed(args) as on_event:
+        try:
+            with open_from_args(args, reserved=[t.name for t in (*builtins, *custom)]) as mcp:
+                result = run(args.task, model=model, tools=[*builtins, *custom, *mcp], limits=limits,
+                             policy=policy, system=args.system, log=log, params=params, prices=prices,
+                             approve=approve, compaction=compaction, on_event=on_event,
+                             header={**header, **mcp.header()})
+        except McpUsageError as exc:
+            raise UsageError(str(exc)) from None
     print_summary(result)
     reconciled = reconcile_own_log(result.log_path)  # the log must add up; say so
+    if args.report and result.log_path:
+        from .._report import write_run_report
+
+        print(f"report: {write_run_report(result.log_path)}")
     return 0 if result.verdict is Verdict.SHIP and reconciled else 1
+
+
+@contextlib.contextmanager
+def _observed(args: argparse.Namespace) -> Iterator[Any]:
+    """--otel: OTLP exporters as the OTEL_EXPORTER_OTLP_* variables say, flushed at the end; the
+    run's on_event (None without the flag)."""
+    if not args.otel:
+        yield None
+        return
+    try:
+        from ..otel import configure, instrument
+    except ImportError as exc:
+        raise UsageError(f"--otel needs loopfence[otel] (pip install 'loopfence[otel]'): {exc}") from None
+    shutdown = configure()
+    try:
+        yield instrument().on_event
+    finally:
+        shutdown()
