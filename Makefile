@@ -11,18 +11,18 @@ BENCH  := $(BENCH_VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: run test test-fast sandbox chromium local bench clean
+.PHONY: run test test-fast docs sandbox chromium local bench clean
 
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[mcp,otel,test]"
+	$(PIP) install -q -e ".[docs,mcp,otel,test]"
 	touch $@
 
 # The embedded model: llama-cpp-python compiles from source (about 5 minutes on 2 cores, cached after).
 $(LOCAL): $(BASE)
 	@echo "installing loopfence[local] (llama-cpp-python builds from source the first time; ~5 min)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[local,mcp,otel,test]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[docs,local,mcp,otel,test]"
 	touch $@
 
 # bubblewrap for run_command's sandbox; installed where this machine lets us.
@@ -58,6 +58,12 @@ test: $(LOCAL) sandbox chromium
 
 test-fast: $(BASE) sandbox chromium
 	$(PY) -m pytest -m "not slow and not local_model"
+
+# The documentation site (mkdocs.yml, docs/) into build/site/; strict: a broken link or reference fails.
+# The suite builds it too (tests/test_docs_build.py) and runs its examples (tests/test_docs_examples.py).
+docs: $(BASE)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	@echo "docs: build/site/index.html"
 
 # Benchmarks: the peers (bench/requirements.txt) go into their own venv, never into loopfence's.
 $(BENCH): pyproject.toml bench/requirements.txt
