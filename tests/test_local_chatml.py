@@ -215,3 +215,12 @@ def test_a_rendered_call_decodes_to_itself(name, arguments):
 @given(st.one_of(st.text(), _json.map(json.dumps)))
 def test_a_rendered_answer_decodes_to_the_same_text(text):
     assert decode(render_answer(text)).content == text
+
+
+def test_the_local_models_generation_never_passes_the_rings_bound() -> None:
+    from loopfence.models._local import _bound
+
+    assert _bound(512, None) == 512
+    assert _bound(512, 40) == 40  # what is left of the completion budget wins
+    assert _bound(30, 4096) == 30
+    assert _bound(512, 0) == 1  # 0 would read as "no limit" to llama.cpp

@@ -147,7 +147,7 @@ class LocalModel:
         try:
             out = self.load().create_completion(
                 prompt=tokens, grammar=grammar, stop=[IM_END],
-                max_tokens=requested_max_tokens(params) or self.max_tokens,
+                max_tokens=_bound(requested_max_tokens(params) or self.max_tokens, request.max_tokens),
                 temperature=float(params.get("temperature", self.temperature)),
                 seed=int(params.get("seed", self.seed)))
         except ValueError as exc:
@@ -180,3 +180,9 @@ class LocalModel:
 def _check_time(request: Request) -> None:
     if request.deadline is not None and time.monotonic() >= request.deadline:
         raise StopError(StopReason.MAX_WALL_SECONDS, "no time left for a local model request")
+
+
+def _bound(own: int, ring: int | None) -> int:
+    """The tokens this reply may generate: its own cap, never past the ring's bound for the request
+    (what is left of max_completion_tokens, max_tokens_per_request)."""
+    return own if ring is None else max(1, min(own, ring))
