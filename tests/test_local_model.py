@@ -138,7 +138,8 @@ class TestEmbedded:
         assert reply.tool_calls or reply.content is not None
 
     def test_max_tokens_bounds_every_part_even_with_auto_tool_choice(self, local_model):
-        # chatml-function-calling drops max_tokens on "auto"; uncapped this reply used 17 tokens.
+        # llama-cpp-python's chatml-function-calling handler (no longer used) dropped max_tokens on
+        # "auto"; LocalModel now generates the whole reply in one bounded completion.
         reply = local_model.complete(_request(SAMPLE_TASK, max_tokens=5))
         assert reply.usage is not None
         assert reply.usage.completion_tokens is not None and reply.usage.completion_tokens <= 5

@@ -217,3 +217,22 @@ def test_a_model_error_replays_as_the_same_stop(tmp_path: Path, ws: Path) -> Non
     assert report.ok and report.replayed is not None
     assert report.replayed.stop.detail == "HTTP 500: upstream broke"
     assert read_log(path).stop is not None
+
+
+def test_a_run_that_read_html_from_the_workspace_replays(tmp_path: Path) -> None:
+    """make run's shape: the page taints the context with a reason that names its provenance (HTML
+    that was in the workspace at the start, the --trust hint); replay's recorded tools cannot see
+    the workspace, yet what was tainted and by which call must match, and the run replays."""
+    from loopfence import ScriptedModel, run
+
+    ws = tmp_path / "ws"
+    (ws / "pages").mkdir(parents=True)
+    (ws / "pages" / "p.html").write_text("<html><body><h1>Hello</h1><p>Some text here.</p></body></html>")
+    log = tmp_path / "run.jsonl"
+    model = ScriptedModel([calls_reply(tool_call("read_file", path="pages/p.html")), text_reply("noted")])
+    result = run("Read pages/p.html", model=model, tools=workspace_tools(ws), log=log)
+    assert result.stop.reason is StopReason.FINAL_ANSWER
+    gates = [e for e in read_lines(log) if e["event"] == "gate" and e["decision"] == "tainted"]
+    assert gates and "--trust" in gates[0]["reason"]  # the live reason has the provenance hint
+    report = replay(log)
+    assert report.ok, report

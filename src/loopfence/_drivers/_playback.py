@@ -102,6 +102,10 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
         out.pop(k, None)
     if isinstance(out.get("key"), str):  # logs written before keys normalized numbers: `30.0` is `30`
         out["key"] = _canonical_key(out["key"])
+    if out.get("event") == "gate" and out.get("decision") == "tainted":
+        # how the live tools knew (a file's provenance in the workspace, the --trust hint) is prose
+        # replay's recorded tools cannot rebuild: what was tainted, by which call, is compared
+        out.pop("reason", None)
     if out.get("event") == "last_answer" and out.get("reason") == StopReason.MAX_WALL_SECONDS:
         out.pop("detail", None)  # the clock's reading, as in the stop
     if out.get("event") == "stop":
