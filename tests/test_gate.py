@@ -273,7 +273,7 @@ def test_ctrl_c_at_the_approval_prompt_ends_the_run_cancelled_with_a_complete_lo
         r = run("t", model=model, tools=REG, log=log, approve=ask_on_terminal(stdin, out))
     finally:
         os.close(write_end)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 25  # the prompt never answers: returning at all is the point
     assert "run it? [y/N]" in out.getvalue()
     assert r.stop.reason is StopReason.CANCELLED and RAN == []
     assert log.events[-1]["event"] == "stop"

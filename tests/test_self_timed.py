@@ -23,7 +23,7 @@ def test_run_command_is_cut_at_the_runs_tool_timeout_and_reports_its_output(tmp_
     result = run("t", model=ScriptedModel(replies), tools=workspace_tools(tmp_path, ["run_command"], sandbox=sandbox),
                  limits=Limits(tool_timeout_s=1.0), log=log)
     elapsed = time.monotonic() - start
-    assert elapsed < 6
+    assert elapsed < 25  # the command sleeps 30 s: ending before that means it was cut, however busy the machine
     res = next(e for e in log.events if e["event"] == "result")
     body = json.loads(res["content"])
     assert body["error"] == "timeout"
