@@ -254,7 +254,6 @@ def test_ctrl_c_at_the_approval_prompt_ends_the_run_cancelled_with_a_complete_lo
     import os
     import signal
     import threading
-    import time
 
     read_end, write_end = os.pipe()
     stdin = os.fdopen(read_end, "r")
@@ -268,12 +267,10 @@ def test_ctrl_c_at_the_approval_prompt_ends_the_run_cancelled_with_a_complete_lo
     model = script(calls_reply(tool_call("read_page", path="p.html")),
                    calls_reply(tool_call("deploy", target="prod")), text_reply("ok"))
     log = RunLog(None)
-    started = time.monotonic()
     try:
         r = run("t", model=model, tools=REG, log=log, approve=ask_on_terminal(stdin, out))
     finally:
         os.close(write_end)
-    assert time.monotonic() - started < 25  # the prompt never answers: returning at all is the point
     assert "run it? [y/N]" in out.getvalue()
     assert r.stop.reason is StopReason.CANCELLED and RAN == []
     assert log.events[-1]["event"] == "stop"
