@@ -11,18 +11,18 @@ BENCH  := $(BENCH_VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: run test test-fast docs sandbox chromium local bench clean
+.PHONY: run test test-fast docs sandbox chromium mcp-servers local bench clean
 
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[docs,mcp,otel,test]"
+	$(PIP) install -q -e ".[agents,docs,mcp,otel,pydantic-ai,ray,test]"
 	touch $@
 
 # The embedded model: llama-cpp-python compiles from source (about 5 minutes on 2 cores, cached after).
 $(LOCAL): $(BASE)
 	@echo "installing loopfence[local] (llama-cpp-python builds from source the first time; ~5 min)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[docs,local,mcp,otel,test]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[agents,docs,local,mcp,otel,pydantic-ai,ray,test]"
 	touch $@
 
 # bubblewrap for run_command's sandbox; installed where this machine lets us.
@@ -41,6 +41,27 @@ chromium:
 	  else sudo -n apt-get install -y -q chromium >/dev/null 2>&1; fi; \
 	  command -v chromium >/dev/null 2>&1 || echo "warning: chromium missing: the report's browser tests skip"; }
 
+# Third-party MCP servers for tests/test_mcp_thirdparty.py, pinned, under build/ (never in .venv):
+# the reference fetch server from PyPI in a venv of its own, the filesystem server from npm.
+MCP_SERVERS := build/mcp-servers
+MCP_FETCH_VERSION := 2026.10.24
+MCP_FS_VERSION := 2026.8.31
+MCP_FETCH := $(MCP_SERVERS)/py/.fetch-$(MCP_FETCH_VERSION)
+MCP_FS := $(MCP_SERVERS)/node/.filesystem-$(MCP_FS_VERSION)
+
+$(MCP_FETCH):
+	$(PYTHON) -m venv $(MCP_SERVERS)/py
+	$(MCP_SERVERS)/py/bin/python -m pip install -q "mcp-server-fetch==$(MCP_FETCH_VERSION)"
+	touch $@
+
+$(MCP_FS):
+	@command -v npm >/dev/null 2>&1 || { echo "npm missing: install node.js (tests/test_mcp_thirdparty.py fails under CI)"; exit 1; }
+	npm install --prefix $(MCP_SERVERS)/node --no-audit --no-fund --save-exact --loglevel=error \
+	  "@modelcontextprotocol/server-filesystem@$(MCP_FS_VERSION)"
+	touch $@
+
+mcp-servers: $(MCP_FETCH) $(MCP_FS)
+
 # The sample task on the sample workspace, with the embedded model (no server, no key). Logs go to runs/.
 # The path is quoted: " pages/..." after a word is a different token from "pages/...", and the 135M
 # model copies a path into a call only token for token (unquoted, 0 of 10 seeds read the page).
@@ -58,10 +79,10 @@ run: $(LOCAL) sandbox
 	@$(VENV)/bin/loopfence run '$(RUN_TASK)' --workspace runs/workspace --system "$(RUN_SYSTEM)" \
 	  --seed $(RUN_SEED) --temperature $(RUN_TEMPERATURE); rc=$$?; [ $$rc -le 1 ]
 
-test: $(LOCAL) sandbox chromium
+test: $(LOCAL) sandbox chromium mcp-servers
 	$(PY) -m pytest
 
-test-fast: $(BASE) sandbox chromium
+test-fast: $(BASE) sandbox chromium mcp-servers
 	$(PY) -m pytest -m "not slow and not local_model"
 
 # The documentation site (mkdocs.yml, docs/) into build/site/; strict: a broken link or reference fails.

@@ -1,6 +1,6 @@
 """A real MCP server for tests/test_mcp*.py, written with the SDK's FastMCP (`MCPServer` in mcp 2).
 
-    python tests/_mcp_server.py [--name NAME] [--tools a,b] [--http] [--token SECRET]
+    python tests/_mcp_server.py [--name NAME] [--tools a,b] [--http] [--token SECRET] [--start-delay S]
 
 stdio by default; `--http` serves Streamable HTTP on 127.0.0.1 (a port the OS picks, printed as the
 first stdout line `PORT <n>`), `--token` makes it answer 401 unless `Authorization: Bearer SECRET`.
@@ -11,6 +11,7 @@ environment variable MCP_TEST_LOG, so a test can see what reached the server.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import socket
@@ -18,7 +19,16 @@ import sys
 from typing import Annotated, Any
 
 import anyio
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.types import (
+    BlobResourceContents,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    TextResourceContents,
+    ToolAnnotations,
+)
 from pydantic import Field
 
 try:  # mcp 2: FastMCP is MCPServer
@@ -114,6 +124,18 @@ def build(name: str) -> FastMCP:
         record(tool="add", args={"a": a, "b": b})
         return a + b
 
+    @mcp.tool(annotations=READ_ONLY)
+    def mixed() -> CallToolResult:
+        """Text, an image, an embedded text and binary resource, and a resource link."""
+        record(tool="mixed")
+        return CallToolResult(content=[
+            TextContent(type="text", text="the chart:"),
+            ImageContent(type="image", data=base64.b64encode(b"\x89PNG").decode(), mime_type="image/png"),
+            EmbeddedResource(type="resource", resource=TextResourceContents(uri="file:///notes/a.md", text="alpha notes")),
+            EmbeddedResource(type="resource", resource=BlobResourceContents(
+                uri="file:///data.bin", blob=base64.b64encode(b"abc").decode(), mime_type="application/x-thing")),
+            ResourceLink(type="resource_link", uri="file:///notes/b.md", name="b.md", description="beta notes")])
+
     @mcp.tool()
     def bad_output() -> CallToolResult:
         """Claims an outputSchema and breaks it."""
@@ -137,6 +159,7 @@ def main() -> None:
     p.add_argument("--http", action="store_true")
     p.add_argument("--token", default="")
     p.add_argument("--orphan", action="store_true", help="start a child that outlives the server")
+    p.add_argument("--start-delay", type=float, default=0.0, help="sleep this long before serving")
     args = p.parse_args()
     NAME = args.name
     mcp = build(args.name)
@@ -152,6 +175,10 @@ def main() -> None:
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         record(event="child", child=child.pid)
     record(event="started")
+    if args.start_delay:
+        import time
+
+        time.sleep(args.start_delay)
     if not args.http:
         mcp.run()
         return

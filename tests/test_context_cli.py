@@ -54,7 +54,7 @@ def test_summary_prints_prompt_and_completion_per_turn_and_total(ws):
                for n, p in enumerate(SEED_003[:5], start=1)] + [text_reply("the note", usage=(SEED_003[5], 90))]
     script = write_script(ws / "s.jsonl", replies)
     p = lf("run", "Make a note from pages/pi.txt", "--script", str(script), "--workspace", str(ws),
-           "--log", str(ws / "run.jsonl"), "--quiet", cwd=ws)
+           "--log", str(ws / "run.jsonl"), cwd=ws)  # (--quiet prints no summary)
     assert "tokens per turn" in p.stderr, p.stderr
     lines = [line for line in p.stderr.splitlines() if "│" in line]
     for turn, prompt in enumerate(SEED_003, start=1):

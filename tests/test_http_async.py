@@ -188,7 +188,7 @@ def test_the_deadline_cancels_the_request_and_closes_it() -> None:
 
 def test_sync_complete_works_inside_a_running_loop_and_on_threads() -> None:
     async def main() -> str | None:
-        return model.complete(req()).content  # a sync call from async code: a helper thread runs it
+        return model.complete(req()).content  # a sync call from async code: the model's own loop runs it
 
     with FakeServer([OK]) as srv, OpenAIModel(srv.base_url, "m") as model:
         assert asyncio.run(main()) == "ok"
@@ -199,7 +199,8 @@ def test_sync_complete_works_inside_a_running_loop_and_on_threads() -> None:
         for t in threads:
             t.join()
         assert out == ["ok"] * 8 and model.complete(req()).content == "ok"
-        assert len(model._clients) == 0  # each private loop closed its client before it ended
+        assert len(model._clients) == 1  # every sync call, from any thread, on the model's own loop
+    assert len(model._clients) == 0  # closed with the model
 
 
 def test_one_client_per_loop_and_close_reaches_them() -> None:

@@ -23,8 +23,8 @@ LAYERS: list[tuple[str, list[str]]] = [
               "runlog._schema", "_hooks", "_prices"]),
     ("contract/tools/models/log", ["_contract", "_compact", "tools", "models", "runlog", "mcp"]),
     ("state/guards", ["_state", "_guards", "_gate"]),
-    ("loop", ["_loop", "_stream"]),
-    ("drivers", ["_drivers", "runlog._rebuild", "runlog._reconcile", "_batch"]),
+    ("loop", ["_loop", "_steps", "_stream"]),
+    ("drivers", ["_drivers", "runlog._rebuild", "runlog._reconcile", "_batch", "integrations"]),
     ("observers", ["otel", "_report"]),
     ("entry", ["", "__main__", "cli", "_commands", "drill", "testing"]),
 ]

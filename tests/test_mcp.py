@@ -223,6 +223,14 @@ def test_a_megabyte_of_text_is_capped_with_the_marker(pair: Any, tmp_path: Path)
     assert res.content.endswith("[truncated: 1,000,000 characters, showing the first 16,000]")
 
 
+def test_image_and_resource_content_become_text(pair: Any, tmp_path: Path) -> None:
+    result, log = fenced(pair, tmp_path, calls_reply(tool_call("alpha__mixed")), text_reply("done"))
+    [res] = results(log)
+    assert res.ok and res.content.split("\n") == [
+        "the chart:", "[image: image/png, 4 bytes]", "[resource file:///notes/a.md]", "alpha notes",
+        "[resource file:///data.bin: application/x-thing, 3 bytes]", "[resource link: file:///notes/b.md (b.md beta notes)]"]
+
+
 # -- the gate --------------------------------------------------------------------------------------
 def test_untrusted_fetch_taints_and_a_privileged_call_after_it_is_refused(pair: Any, calls_log: Path,
                                                                           tmp_path: Path) -> None:
@@ -339,6 +347,44 @@ def test_calls_still_work_after_the_run_moved_to_a_fresh_event_loop(pair: Any, t
     assert result.stop.reason == "final_answer"
 
 
+def test_start_up_counts_against_the_runs_wall_clock(tmp_path: Path) -> None:
+    """The commands' servers get at most max_wall_seconds to start, whatever --mcp-timeout says; how
+    long each one took is in the header."""
+    from loopfence.mcp import McpUsageError, add_flags, open_from_args
+    from loopfence.mcp._flags import wall_limit
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    parser.add_argument("--limit", action="append", default=[])
+    slow = shlex.join([sys.executable, str(SERVER), "--tools", "read_note", "--start-delay", "60"])
+    with pytest.raises(McpUsageError) as caught:  # pytest-timeout bounds a hang
+        with open_from_args(parser.parse_args(["--mcp", slow, "--mcp-timeout", "600", "--limit", "max_steps=3",
+                                               "--limit", "max_wall_seconds=1"])):
+            pass
+    assert "within 1s (max_wall_seconds=1, under --mcp-timeout 600s: server start-up counts against the run's " \
+        "wall clock)" in str(caught.value)
+    late = shlex.join([sys.executable, str(SERVER), "--tools", "read_note", "--start-delay", "1"])
+    args = parser.parse_args(["--mcp", f"late={late}", "--mcp-timeout", str(START_S), "--limit", "max_wall_seconds=none"])
+    with open_from_args(args) as group:
+        [srv] = group.header()["mcp"]["servers"]
+    assert srv["name"] == "late" and srv["startup_s"] >= 1.0  # (the sleep is a floor, not a speed)
+    assert wall_limit(parser.parse_args([])) == Limits().max_wall_seconds  # no --limit: the default's
+
+
+def test_start_up_before_a_run_is_on_its_clock_when_its_log_came_first(tmp_path: Path) -> None:
+    """As the CLI does it: the run's log is opened, then the servers start, then the run: the
+    start-up is part of the run's wall clock, on the guards' clock as on the log's."""
+    from loopfence import RunLog
+
+    path = tmp_path / "run.jsonl"
+    log = RunLog(path)
+    with group_of(server(tmp_path / "calls.jsonl", "--tools", "read_note", "--start-delay", "1.5")) as group:
+        result = run("read", tools=group, log=log, limits=Limits(max_wall_seconds=1), model=ScriptedModel(
+            [calls_reply(tool_call("read_note", path="a.md")), text_reply("done")]))
+    assert reconcile(path).ok
+    assert result.stop.reason == "max_wall_seconds"
+
+
 # -- Streamable HTTP, and the async form ------------------------------------------------------------
 def test_streamable_http_with_headers_under_arun(tmp_path: Path) -> None:
     log_path = tmp_path / "calls.jsonl"
@@ -362,6 +408,76 @@ def test_streamable_http_with_headers_under_arun(tmp_path: Path) -> None:
     assert "s3cret-token" not in text  # header values never reach the log
     [srv] = read_log(path).header.raw["mcp"]["servers"]
     assert srv["transport"] == "streamable_http" and srv["headers"] == ["Authorization"]
+
+
+def _host_threads() -> int:
+    import threading
+
+    return sum(1 for t in threading.enumerate() if t.name == "loopfence-mcp")
+
+
+def test_async_with_keeps_the_sessions_on_the_running_loop(tmp_path: Path) -> None:
+    """`async with`: no host thread; calls awaited on this loop reach the session directly, and a
+    run() on another thread (while this loop is free) hops here and works too."""
+    log_path = tmp_path / "calls.jsonl"
+
+    async def main() -> tuple[Any, Any, int]:
+        before = _host_threads()
+        async with group_of(server(log_path, "--name", "here", "--tools", "read_note"), trust_annotations=True) as group:
+            threads = _host_threads() - before
+            here = await arun("read", model=ScriptedModel([calls_reply(tool_call("read_note", path="a.md")),
+                                                          text_reply("ok")]), tools=group)
+            away = await asyncio.to_thread(run, "read", tools=group, model=ScriptedModel(
+                [calls_reply(tool_call("read_note", path="b.md")), text_reply("ok")]))
+        return here, away, threads
+
+    here, away, threads = asyncio.run(main())
+    assert threads == 0
+    assert [tool_results(r) for r in (here, away)] == [["here: alpha notes (page 1)"], ["here: beta notes (page 1)"]]
+    assert len(calls(log_path, "read_note")) == 2
+
+
+def test_a_timeout_cancels_the_call_on_the_server_under_async_with_too(tmp_path: Path) -> None:
+    """The call awaited directly on the sessions' loop is cancelled as the hopped one is."""
+    log_path = tmp_path / "calls.jsonl"
+
+    def cancelled() -> list[dict[str, Any]]:
+        return [e for e in seen(log_path) if e.get("cancelled")]
+
+    async def main() -> tuple[Any, Any]:
+        async with group_of(server(log_path, "--name", "sleepy", "--tools", "slow")) as group:
+            result = await arun("wait", tools=group, limits=Limits(tool_timeout_s=1), model=ScriptedModel(
+                [calls_reply(tool_call("slow", seconds=120)), text_reply("gave up")]))
+            # while the session is still open (closing it would cancel the work too)
+            return result, await asyncio.to_thread(wait_for, cancelled)
+
+    result, seen_cancel = asyncio.run(main())
+    [body] = tool_results(result)
+    assert body["error"] == "timeout" and result.stop.reason == "final_answer"
+    assert seen_cancel, seen(log_path)
+
+
+def test_a_sync_run_that_blocks_the_sessions_loop_is_refused_not_hung(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """run() inside the coroutine that holds an `async with` group blocks that loop, where the
+    sessions live: the call is withdrawn after STALL_S with an error naming the cause, the run ends
+    named and its log reconciles."""
+    from loopfence.mcp import _tools
+
+    monkeypatch.setattr(_tools, "STALL_S", 0.5)
+    log_path, path = tmp_path / "calls.jsonl", tmp_path / "run.jsonl"
+
+    async def main() -> Any:
+        async with group_of(server(log_path, "--name", "stuck", "--tools", "read_note"), trust_annotations=True) as group:
+            return run("read", tools=group, log=path, limits=Limits(tool_timeout_s=None), model=ScriptedModel(
+                [calls_reply(tool_call("read_note", path="a.md")), text_reply("gave up")]))
+
+    result = asyncio.run(main())
+    [body] = tool_results(result)
+    assert body["error"] == "mcp_error" and "use arun() there" in body["message"]
+    assert result.stop.reason == "final_answer"
+    assert reconcile(path).ok
+    assert calls(log_path, "read_note") == []  # withdrawn: never sent
 
 
 # -- what a command does with the flags --------------------------------------------------------------

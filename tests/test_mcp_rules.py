@@ -115,6 +115,18 @@ def test_keywords_beyond_the_subset_are_checked_in_full() -> None:
         t.validate({})
 
 
+def test_the_draft_the_schema_declares_is_the_one_applied() -> None:
+    """`dependencies` is draft-07's keyword (2019-09 split it up): declared draft-07 it binds, under
+    the 2020-12 default it is an unknown keyword and checks nothing."""
+    body = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependencies": {"a": ["b"]}}
+    draft7 = Tool.from_schema("d7", lambda **a: a, {"$schema": "http://json-schema.org/draft-07/schema#", **body})
+    default = Tool.from_schema("d2020", lambda **a: a, body)
+    with pytest.raises(ArgumentError, match="'b' is a dependency of 'a'"):
+        draft7.validate({"a": 1})
+    assert default.validate({"a": 1}) == {"a": 1}
+
+
 def test_subset_schemas_stay_on_the_subset() -> None:
     simple = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "title": "N"}}}
     assert not needs_full(simple)

@@ -77,6 +77,8 @@ def test_loopback_is_allowed() -> None:
 _INNER = '''
 import socket, pytest
 
+pytestmark = pytest.mark.loopfence_offline  # opted in (tests using loopfence's fixtures are, by default)
+
 def test_blocked():
     with pytest.raises(OSError, match="blocked"):
         socket.create_connection(("192.0.2.1", 80), timeout=0.2)
@@ -121,3 +123,13 @@ def test_plugin_is_registered_by_entry_point_and_import_light() -> None:
     from importlib.metadata import entry_points
     eps = {e.name: e.value for e in entry_points(group="pytest11")}
     assert eps.get("loopfence") == "loopfence.testing._plugin"
+
+
+def test_replay_log_fails_when_a_limit_makes_the_replay_stop_elsewhere(scripted_model: Any, run_log: Any,
+                                                                      replay_log: Any, tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    run("t", model=scripted_model(tool_call("read_file", path="a.py"), tool_call("list_dir"), "done"),
+        tools=workspace_tools(tmp_path), log=run_log.path)
+    assert replay_log(run_log.path, limits={"max_steps": 5}).same_stop  # a looser limit: the same stop
+    with pytest.raises(pytest.fail.Exception, match="replay did not stop where the log did"):
+        replay_log(run_log.path, limits={"max_steps": 1})  # it would stop at step 1: max_steps

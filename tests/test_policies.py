@@ -166,7 +166,7 @@ def test_the_run_command_takes_a_prices_file_and_shows_dollars(tmp_path: Path, c
     prices.write_text('"*" = [2.0, 8.0]\n')
     log = tmp_path / "run.jsonl"
     code = cli(["run", "t", "--script", str(script), "--workspace", str(tmp_path), "--log", str(log),
-                "--prices", str(prices), "--limit", "max_cost_usd=1", "--quiet"])
+                "--prices", str(prices), "--limit", "max_cost_usd=1"])  # (--quiet prints no summary)
     err = capsys.readouterr().err
     assert code == 1 and "no_progress" in err  # the same listing twice
     assert "│ cost" in err and "$0.004800" in err  # (1000 x $2 + 50 x $8) per million, twice

@@ -58,7 +58,7 @@ def test_missing_header(good: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field,value,words", [
     ("format", "something.else", "header format"),
-    ("version", 3, "header version is 3, this loopfence writes version 2 and reads versions 1 to 2"),
+    ("version", 4, "header version is 4, this loopfence writes version 3 and reads versions 1 to 3"),
     ("version", "2", "header version is '2'"),
 ])
 def test_invalid_header(good: Path, tmp_path: Path, field: str, value: object, words: str) -> None:
@@ -126,7 +126,7 @@ def test_a_hand_edited_line_is_refused_with_its_line(good: Path, tmp_path: Path,
 
 def test_a_version_1_log_still_reads(good: Path, tmp_path: Path) -> None:
     events = read_lines(good)
-    assert events[0]["version"] == VERSION == 2
+    assert events[0]["version"] == VERSION == 3
     events[0]["version"] = 1
     p = tmp_path / "v1.jsonl"
     write_lines(p, events)
@@ -177,10 +177,14 @@ def test_cli_refuses_a_broken_log_with_the_line(good: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "torn.jsonl"
     p.write_bytes(good.read_bytes()[:-5])
-    for command in ("replay", "reconcile", "export"):
+    for command in ("replay", "export"):
         assert cli([command, str(p)]) == 2
         err = capsys.readouterr().err
         assert f"{p}:" in err and "truncated last line" in err, command
+    # reconcile reads a killed run's log as it is: unfinished (exit 3), its torn line named
+    assert cli(["reconcile", str(p)]) == 3
+    err = capsys.readouterr().err
+    assert "the run is unfinished" in err and "then an incomplete line of" in err
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert cli(["replay", str(empty)]) == 2

@@ -203,7 +203,7 @@ def _cli_trial(tmp: Path, delay: float, turns: int = CLI_TURNS) -> Trial:
     _kill_after(proc, log, delay)
     last, ended = _check_readback(log)
     killed = proc.returncode == -signal.SIGKILL and not ended
-    done = subprocess.run([*LOOPFENCE, "resume", str(log), "--quiet"], env=env, capture_output=True, text=True,
+    done = subprocess.run([*LOOPFENCE, "resume", str(log)], env=env, capture_output=True, text=True,
                           check=False, timeout=120)
     assert done.returncode == 0, done.stderr
     if killed:  # resumed and finished live, then reconciled

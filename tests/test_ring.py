@@ -340,6 +340,26 @@ def test_cancel_during_a_tool_leaves_a_complete_log(ws):
     assert len(results) == 2  # each requested call has exactly one result
 
 
+def test_a_custom_guard_stops_with_its_own_named_reason_before_the_request(ws):
+    """A guard's `self.stop(...)`: reason StopReason.GUARD, the guard's name, limit and value in the
+    data; checked before the request it would pay for (no fourth request is sent)."""
+    from loopfence import Guard
+
+    class ThreeRequests(Guard):
+        name = "three-requests"
+
+        def before_request(self, s):
+            n = s.ledger.model_requests
+            return self.stop(f"{n} requests made", limit=3, value=n + 1) if n >= 3 else None
+
+    replies = [calls_reply(tool_call("read_file", path=f"f{i}.txt")) for i in range(6)]
+    result, events, model = _go(ws, replies, guards=[ThreeRequests()])
+    assert result.stop.reason is StopReason.GUARD and result.verdict is Verdict.KILL
+    assert result.stop.data == {"guard": "three-requests", "limit": 3, "value": 4}
+    assert result.ledger.model_requests == 3
+    assert [e["event"] for e in events].count("request") == 3
+
+
 def test_every_stop_reason_is_covered_here():
     """Guard against a vocabulary entry that no test in this file produces."""
     src = Path(__file__).read_text()

@@ -14,7 +14,7 @@ from ._batch import abatch, batch
 from ._compact import Compaction
 from ._contract import CheckedCall
 from ._gate import UntrustedGate, approve_all, deny_all
-from ._guards import Guard
+from ._guards import Guard, RunView
 from ._limits import Ledger, LedgerSnapshot, Limits, Policy
 from ._loop import arun, run
 from ._messages import Reply, Request, ToolCall, Usage
@@ -29,7 +29,7 @@ from .tools import Registry, Tool, ToolKind, ToolResult, refusal, tool, workspac
 __all__ = [
     "CheckedCall", "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model",
     "OpenAIModel", "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "RunState", "RunStream",
-    "ScriptedModel", "Stop", "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate",
+    "RunView", "ScriptedModel", "Stop", "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate",
     "Usage", "Verdict", "abatch", "approve_all", "arun", "batch", "deny_all", "instrument", "mcp_tools",
     "refusal", "run", "stream", "tool", "workspace_tools",
 ]

@@ -9,10 +9,9 @@
   approval prompt) on a bounded pool of daemon worker threads, in a copy of the caller's context.
   When the awaiting is cancelled (timeout, Ctrl-C, task cancel) the run goes on without it: a job
   not yet started never starts; one running finishes unobserved (Python threads cannot be killed).
-- `run_sync(coro)`: the sync bridge under `run()`. A plain script or a thread gets a fresh event
-  loop on its own thread; inside a running event loop (a notebook cell, an `async def` that forgot
-  to await) the loop runs on a helper thread. On the main thread, Ctrl-C cancels the run's task
-  (the run ends `cancelled`, its log complete); a second Ctrl-C raises KeyboardInterrupt.
+- `run_sync(coro)`: the sync bridge for what is not a run (a sync `Executor.execute`, `batch()`):
+  `drive_sync`, as under `run()`. Never "event loop is already running"; on the main thread,
+  Ctrl-C cancels the task (it ends what it was doing), a second raises KeyboardInterrupt.
 - `prefers_async(obj, "complete", "acomplete")`: which of an adapter's two forms to use (the most
   derived one: a subclass that overrides only `complete` keeps its override).
 """
@@ -23,14 +22,12 @@ import asyncio
 import contextvars
 import inspect
 import queue
-import signal
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
-from ._runner import DRIVE, Drive, close_loop, drive_sync
+from ._runner import DRIVE, Drive, drive_sync
 
 __all__ = ["Blocking", "drive_sync", "Expired", "within", "in_thread", "run_sync", "interrupted", "prefers_async", "Meter",
            "METER", "CTRL_C", "MAX_THREADS", "worker_threads"]
@@ -272,118 +269,16 @@ def prefers_async(obj: Any, sync_name: str, async_name: str) -> bool:
     return s is None or issubclass(a, s)
 
 
-# -- the sync bridge -----------------------------------------------------------------------------
-class _CtrlC:
-    """Ctrl-C while run() drives a loop on the main thread: the first cancels the run's task (it ends
-    `cancelled`, its log complete), a second raises KeyboardInterrupt. The signal may land on any
-    thread: a wakeup fd the loop watches gets the main thread back to run the handler at once."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.task: asyncio.Task[Any] | None = None
-        self.pressed = False
-        self._socks: tuple[socket.socket, socket.socket] | None = None
-        self._old_fd = -1
-
-    def __enter__(self) -> _CtrlC:
-        if threading.current_thread() is not threading.main_thread() or \
-                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            return self  # not ours to handle (another thread, or the program has its own handler)
-        r, w = self._socks = socket.socketpair()
-        r.setblocking(False)
-        w.setblocking(False)
-        self.loop.add_reader(r.fileno(), self._drain)
-        self._old_fd = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
-        signal.signal(signal.SIGINT, self._on_sigint)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._socks is None:
-            return
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.set_wakeup_fd(self._old_fd)
-        self.loop.remove_reader(self._socks[0].fileno())
-        for s in self._socks:
-            s.close()
-        self._socks = None
-
-    def _drain(self) -> None:
-        try:
-            while self._socks is not None and self._socks[0].recv(4096):
-                pass
-        except OSError:
-            pass
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.pressed:
-            raise KeyboardInterrupt
-        self.pressed = True
-        self.loop.call_soon_threadsafe(self.cancel)
-
-    def cancel(self) -> None:
-        if self.task is not None and not self.task.done():
-            self.task.cancel(CTRL_C)
-
-
-_CTRL: contextvars.ContextVar[_CtrlC | None] = contextvars.ContextVar("loopfence_ctrl_c", default=None)
-
-
 def interrupted() -> bool:
     """Ctrl-C arrived for the run() driving this context (checked before each operation starts, so
     that a call never started is answered not_executed rather than outcome_unknown)."""
     d = DRIVE.get()
-    if d is not None and d.pressed:
-        return True
-    ctrl = _CTRL.get()
-    return ctrl is not None and ctrl.pressed
+    return d is not None and d.pressed
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` to its end from sync code: on this thread, or on a helper thread when this thread
-    already runs an event loop. Never "event loop is already running"."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _on_new_loop(coro)
-    return _on_helper_thread(coro)
-
-
-def _on_new_loop(coro: Coroutine[Any, Any, T], box: dict[str, Any] | None = None) -> T:
-    loop = asyncio.new_event_loop()
-    ctrl = _CtrlC(loop)
-    ctx = contextvars.copy_context()
-    ctx.run(_CTRL.set, ctrl)
-    try:
-        task = ctrl.task = loop.create_task(coro, context=ctx)
-        if box is not None:  # the caller's thread cancels it on Ctrl-C
-            box["cancel"] = lambda: loop.call_soon_threadsafe(ctrl.cancel)
-        with ctrl:
-            return loop.run_until_complete(task)
-    finally:
-        close_loop(loop)
-
-
-def _on_helper_thread(coro: Coroutine[Any, Any, T]) -> T:
-    box: dict[str, Any] = {}
-    ctx = contextvars.copy_context()
-
-    def go() -> None:
-        try:
-            box["value"] = ctx.run(_on_new_loop, coro, box)
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            box["error"] = exc
-
-    helper = threading.Thread(target=go, daemon=True, name="loopfence-run")
-    helper.start()
-    pressed = False
-    while helper.is_alive():
-        try:
-            helper.join()
-        except KeyboardInterrupt:  # Ctrl-C on the caller's thread: the run ends cancelled
-            if pressed or "cancel" not in box:
-                raise
-            pressed = True
-            box["cancel"]()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    """Run `coro` to its end from sync code, as run() drives a run (`drive_sync`: on a runner thread
+    of its own, so never "event loop is already running"). On the main thread the first Ctrl-C
+    cancels it (CancelledError, after it has ended what it was doing), a second raises
+    KeyboardInterrupt."""
+    return drive_sync(coro, lambda: asyncio.CancelledError(CTRL_C))

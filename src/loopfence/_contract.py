@@ -22,6 +22,11 @@ MAX_ARGUMENT_DEPTH = 64  # nesting levels of one call's arguments
 
 @dataclass(frozen=True, slots=True)
 class CheckedCall:
+    """A tool call that passed the contract: the model's `call`, the registered `tool` it names, its
+    arguments parsed, checked against the tool's schema and bound to its signature with defaults
+    applied (`args`), and its canonical key (`key`: the name and the canonical bound arguments, one
+    key for every spelling of the same call). What guards see before a call runs."""
+
     call: ToolCall
     tool: Tool
     args: dict[str, Any]  # bound to the signature, defaults applied

@@ -16,27 +16,75 @@ replaces a repetition stop under Policy(nudge=True).
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._contract import requested_max_tokens
 from ._repeats import CycleTrail, RepeatCounts, Streak, call_text, describe_cycle, outcome_fingerprint
 from ._stops import Stop, StopReason
+from .tools._executor import refusal
 from .tools._registry import ToolKind
 
 if TYPE_CHECKING:
     from ._contract import CheckedCall
+    from ._limits import Ledger, Limits, Policy
     from ._state import RunState
     from .tools._executor import ToolResult
+    from .tools._registry import Registry
 
 __all__ = [
-    "Guard", "Guards", "StepLimit", "ToolCallLimit", "PromptTokenLimit", "CompletionTokenLimit",
+    "Guard", "Guards", "RunView", "StepLimit", "ToolCallLimit", "PromptTokenLimit", "CompletionTokenLimit",
     "WallClock", "RepeatedCall", "RepeatedResult", "RepeatedCycle", "NoProgress", "ResultContract",
     "CostLimit", "default_guards", "NUDGED", "nudge_for", "nudging",
 ]
 
 
+class RunView(Protocol):
+    """What a custom guard reads of the run: read-only (the ring's `RunState` is one). Annotate a
+    guard's `s` with it; `s.note(...)` goes through `Guard.note`."""
+
+    @property
+    def limits(self) -> Limits: ...
+    @property
+    def policy(self) -> Policy: ...
+    @property
+    def ledger(self) -> Ledger: ...  # counts so far: model_requests, tool_executions, tokens, ...
+    @property
+    def registry(self) -> Registry: ...
+    @property
+    def messages(self) -> Sequence[Mapping[str, Any]]: ...  # the conversation so far
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+    def elapsed(self) -> float: ...  # seconds since the run started
+    def note(self, guard: str, message: str, data: dict[str, Any] | None = None) -> None: ...
+
+
 class Guard:
-    """Base: every phase allows. Subclasses override the phases they watch."""
+    """Base: every phase allows. Subclasses override the phases they watch.
+
+    A custom guard stops the run with `self.stop(...)` (reason `guard`, its name in the stop's data),
+    refuses one call with `self.refuse(...)`, and leaves a typed `guard` event in the log with
+    `self.note(s, ...)`. `name` (default: the class name) is how the log names it.
+    """
+
+    name: str = ""
+
+    @property
+    def guard_name(self) -> str:
+        return self.name or type(self).__name__
+
+    def stop(self, detail: str, *, limit: Any = None, value: Any = None, **data: Any) -> Stop:
+        """This guard's stop: reason `guard`, data {"guard": its name, "limit", "value", ...}."""
+        numbers = {k: v for k, v in (("limit", limit), ("value", value)) if v is not None}
+        return Stop(StopReason.GUARD, detail, {"guard": self.guard_name, **numbers, **data})
+
+    def refuse(self, message: str, **fields: Any) -> ToolResult:
+        """Refuse one call (from before_execution): the model gets this result, the run goes on."""
+        return refusal(f"guard:{self.guard_name}", message=message, **fields)
+
+    def note(self, s: RunView, message: str, **data: Any) -> None:
+        """Write a `guard` event (this guard's name, `message`, `data`) into the run's log."""
+        s.note(self.guard_name, message, data)
 
     def before_request(self, s: RunState) -> Stop | None:
         return None

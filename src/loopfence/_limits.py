@@ -12,7 +12,13 @@ __all__ = ["Limits", "Policy", "Ledger", "LedgerSnapshot", "parse_limit"]
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Every budget and repetition rule of a run. `None` means unlimited; there is no magic 0."""
+    """Every budget and repetition rule of a run. `None` means unlimited; there is no magic 0.
+
+    Checked when built (the constructor, `replace`, `from_json` and `--limit` alike): a count is a
+    whole number >= 0 (a whole float such as `5.0` is taken as `5`), a duration or a dollar amount a
+    finite number >= 0, `no_progress` a bool; anything else raises `ValueError` naming the field and
+    the value (`Limits(max_steps="5")`: "limit max_steps must be a number or None, got '5'").
+    """
 
     max_steps: int | None = 12
     max_tool_calls: int | None = 24
@@ -33,6 +39,10 @@ class Limits:
     # which must still fit max_completion_tokens and max_cost_usd; None: the usual per-request bound
     last_answer_tokens: int | None = 512
 
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # frozen: the checked value is set in place of the given one
+            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name)))
+
     def replace(self, **changes: Any) -> Limits:
         return dataclasses.replace(self, **changes)
 
@@ -48,7 +58,7 @@ class Limits:
         unknown = sorted(set(data) - set(cls.names()))
         if unknown:
             raise ValueError(f"unknown limit {unknown[0]!r} (known: {', '.join(cls.names())})")
-        return cls(**{k: _coerce(k, v) for k, v in data.items()})
+        return cls(**data)  # checked by __post_init__
 
 
 _INT = {"max_steps", "max_tool_calls", "max_prompt_tokens", "max_completion_tokens",
@@ -61,11 +71,11 @@ def _coerce(name: str, value: Any) -> Any:
     if name == "no_progress":
         if isinstance(value, bool):
             return value
-        raise ValueError(f"limit no_progress must be true or false, got {value!r}")
+        raise ValueError(f"limit no_progress must be true or false (a bool), got {value!r}")
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"limit {name} must be a number or null, got {value!r}")
+        raise ValueError(f"limit {name} must be a number or None (null: unlimited), got {value!r}")
     if not math.isfinite(value):  # 1e400 parses as inf; use null (or none) for unlimited
         raise ValueError(f"limit {name} must be a finite number (null for unlimited), got {value!r}")
     if value < 0:
@@ -120,6 +130,10 @@ class Policy:
     max_wall_seconds (with time left), no_progress or a repetition makes one more request with
     tools disabled for the best answer from what is known (`RunResult.last_answer`; the verdict
     stays KILL). Both off by default.
+
+    Checked when built, as `Limits` is: a value outside its field's choices raises `ValueError`
+    naming the field (`Policy(on_bad_call="ignore")`: "policy on_bad_call must be 'fail' or
+    'feedback', got 'ignore'").
     """
 
     on_bad_call: Literal["fail", "feedback"] = "fail"
@@ -127,6 +141,18 @@ class Policy:
     repeat_scope: Literal["change", "run"] = "change"
     nudge: bool = False
     last_answer: bool = False
+
+    def __post_init__(self) -> None:
+        if self.on_bad_call not in ("fail", "feedback"):
+            raise ValueError(f"policy on_bad_call must be 'fail' or 'feedback', got {self.on_bad_call!r}")
+        mbc = self.max_bad_calls
+        if mbc is not None and (isinstance(mbc, bool) or not isinstance(mbc, int) or mbc < 1):
+            raise ValueError(f"policy max_bad_calls must be a positive integer or None/null (unlimited), got {mbc!r}")
+        if self.repeat_scope not in ("change", "run"):
+            raise ValueError(f"policy repeat_scope must be 'change' or 'run', got {self.repeat_scope!r}")
+        for name in ("nudge", "last_answer"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"policy {name} must be true or false (a bool), got {getattr(self, name)!r}")
 
     def to_json(self) -> dict[str, Any]:
         """As the log header records it; `nudge` and `last_answer` only when on (a header without
@@ -142,24 +168,15 @@ class Policy:
         unknown = sorted(set(data) - {"on_bad_call", "max_bad_calls", "repeat_scope", "nudge", "last_answer"})
         if unknown:
             raise ValueError(f"unknown policy key {unknown[0]!r}")
-        mode = data.get("on_bad_call", "fail")
-        if mode not in ("fail", "feedback"):
-            raise ValueError(f"policy on_bad_call must be 'fail' or 'feedback', got {mode!r}")
-        mbc = data.get("max_bad_calls", 2)
-        if mbc is not None and (isinstance(mbc, bool) or not isinstance(mbc, int) or mbc < 1):
-            raise ValueError(f"policy max_bad_calls must be a positive integer or null, got {mbc!r}")
-        scope = data.get("repeat_scope", "change")
-        if scope not in ("change", "run"):
-            raise ValueError(f"policy repeat_scope must be 'change' or 'run', got {scope!r}")
-        flags = {k: data.get(k, False) for k in ("nudge", "last_answer")}
-        for k, v in flags.items():
-            if not isinstance(v, bool):
-                raise ValueError(f"policy {k} must be true or false, got {v!r}")
-        return cls(on_bad_call=mode, max_bad_calls=mbc, repeat_scope=scope, **flags)
+        return cls(**data)  # checked by __post_init__
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerSnapshot:
+    """The ledger frozen at the stop (`RunResult.ledger`, the stop line's `ledger`): requests, calls
+    requested, executions, reuses, refusals, rejections, tokens, seconds, and dollars and nudges
+    where the run had them."""
+
     model_requests: int
     tool_calls: int
     tool_executions: int

@@ -6,33 +6,30 @@ Policies live in guards (_guards.py) and the contract (_contract.py); this modul
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import traceback
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ._aio import CTRL_C, METER, Blocking, Expired, Meter, drive_sync, interrupted, prefers_async, within
 from ._compact import Compaction
-from ._contract import CheckedCall, ContractResult, check_reply, requested_max_tokens
+from ._contract import CheckedCall, check_reply, requested_max_tokens
 from ._gate import ApprovalHook, UntrustedGate
-from ._guards import Guard, Guards, default_guards, nudge_for
-from ._hooks import with_run_hooks
-from ._json import MAX_DEPTH, depth, loggable
+from ._guards import Guard, Guards
+from ._json import MAX_DEPTH, depth
 from ._limits import Limits, Policy
 from ._messages import Reply, Request
-from ._prices import PricesArg, price_book
-from ._repeats import outcome_fingerprint
+from ._prices import PricesArg
 from ._state import RunState
+from ._steps import (announce, close_reply, deliver_note, describe_model, end_turn, finish, new_state,
+                     open_request, run_call, set_price, settle, settle_contract, start)
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import ON_RETRY, Model
 from .runlog._schema import LogEvent
-from .runlog._writer import FORMAT, VERSION, Abandoned, LogWriteError, RunLog
-from .tools._executor import Executor, ToolResult, error_result, refusal
-from .tools._registry import Registry, Tool, ToolKind
+from .runlog._writer import Abandoned, LogWriteError, RunLog
+from .tools._executor import Executor, ToolResult
+from .tools._registry import Registry, Tool
 
 __all__ = ["run", "arun", "drive", "adrive", "new_state", "check_price", "LAST_ANSWER_FOR", "last_answer_prompt"]
 
@@ -58,7 +55,7 @@ async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = ()
     a bug inside loopfence ends it `internal_error` with the traceback in the stop's data.
     Arguments as `run()`.
     """
-    state, runlog, guard, exe = _start(task, model, tools, limits, policy, system, params, log, guards,
+    state, runlog, guard, exe = start(task, model, tools, limits, policy, system, params, log, guards,
                                        executor, header, gate, approve, compaction, on_event, prices)
     return await adrive(state, model, runlog, guard, exe)
 
@@ -84,70 +81,15 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
     counts dollars. A cost budget for a model with no known price raises PriceError (a ValueError)
     before anything is written or sent.
     """
-    state, runlog, guard, exe = _start(task, model, tools, limits, policy, system, params, log, guards,
+    state, runlog, guard, exe = start(task, model, tools, limits, policy, system, params, log, guards,
                                        executor, header, gate, approve, compaction, on_event, prices)
     return drive(state, model, runlog, guard, exe)
-
-
-def _start(task: str, model: Model, tools: Iterable[Tool] | Registry, limits: Limits | None,
-           policy: Policy | None, system: str | None, params: dict[str, Any] | None,
-           log: RunLog | str | Path | None, guards: list[Guard] | None, executor: Executor | None,
-           header: dict[str, Any] | None, gate: UntrustedGate | None, approve: ApprovalHook | None,
-           compaction: Compaction | None,
-           on_event: Callable[[LogEvent], None] | None = None,
-           prices: PricesArg = None) -> tuple[RunState, RunLog, Guards, Executor]:
-    """The run's state, and its log with the header written (a cost budget's price is resolved
-    first: PriceError before anything is written)."""
-    registry = tools if isinstance(tools, Registry) else Registry(tools)
-    task, system = loggable(task), system and loggable(system)  # as the header reads back (replay)
-    messages = ([{"role": "system", "content": system}] if system else []) + \
-        [{"role": "user", "content": task}]
-    gate = gate or UntrustedGate(approve)
-    state = new_state(registry, limits or Limits(), policy or Policy(), params or {}, messages,
-                      compaction or Compaction())
-    described = _describe(model)
-    _price(state, model, described, prices)
-    priced = {"prices": state.prices.record(state.price)} if state.prices is not None else {}
-    runlog = log if isinstance(log, RunLog) else RunLog(log, t0=state.t0)
-    on_event = with_run_hooks(on_event)  # loopfence.instrument() and other run hooks
-    if on_event is not None:
-        runlog.on_event = on_event
-    runlog.write("header", format=FORMAT, version=VERSION, run_id=uuid.uuid4().hex,
-                 started_at=datetime.now(timezone.utc).isoformat(), task=task, system=system,
-                 limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
-                 tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
-                         **t.schema()} for t in registry],
-                 model=described, gate=gate.describe(), compaction=state.compaction.to_json(),
-                 **_tool_info(registry), **priced, **(header or {}))
-    return state, runlog, default_guards(state.limits, guards, gate), executor or Executor()
-
-
-def _price(s: RunState, model: Model, described: dict[str, Any], prices: PricesArg) -> None:
-    """The run's price book and start price (by the name the model's describe() gives), where it has
-    a cost budget or a price table; PriceError for a cost budget with no price."""
-    if prices is None and s.limits.max_cost_usd is None:
-        return
-    name = described.get("model")
-    s.set_prices(price_book(prices), name if isinstance(name, str) and name else None,
-                 f"{type(model).__name__}, kind {described.get('kind')!r}")
 
 
 def check_price(model: Model, limits: Limits, prices: PricesArg = None) -> None:
     """The PriceError run() would raise at its start, without starting a run (the CLI asks before it
     makes the log file)."""
-    _price(RunState(limits, Policy(), Registry(())), model, _describe(model), prices)
-
-
-def _tool_info(registry: Registry) -> dict[str, Any]:
-    """What tools report about themselves for the header (run_command: the bounds in force)."""
-    info = {t.name: t.info for t in registry if t.info}
-    return {"tool_info": info} if info else {}
-
-
-def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[str, Any],
-              messages: list[dict[str, Any]], compaction: Compaction | None = None) -> RunState:
-    return RunState(limits, policy, registry, dict(params), messages=messages,
-                    compaction=compaction or Compaction())
+    set_price(RunState(limits, Policy(), Registry(())), model, describe_model(model), prices)
 
 
 def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
@@ -195,7 +137,7 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
             stop = Stop(StopReason.INTERNAL_ERROR, f"internal error in loopfence, please report it: "
                         f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
         if s.policy.last_answer and stop.reason in LAST_ANSWER_FOR:
-            _settle(s, log, stop)  # the stopped turn's calls have their results before it is asked
+            settle(s, log, stop)  # the stopped turn's calls have their results before it is asked
             last, late = await _last_answer(s, ops, log, guards, stop)
             if isinstance(late, asyncio.CancelledError):
                 cancel = late
@@ -208,7 +150,7 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
     finally:
         METER.reset(metered)
         if stop is not None:
-            result = _finish(s, log, stop, final, last)
+            result = finish(s, log, stop, final, last)
     if exiting is not None:
         raise exiting
     return _with_cpu(result, meter.cpu), cancel
@@ -216,31 +158,8 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
 
 # The stops a last answer is asked after (Policy(last_answer=True)): budgets on the work, and loops.
 LAST_ANSWER_FOR = frozenset({StopReason.MAX_STEPS, StopReason.MAX_TOOL_CALLS, StopReason.MAX_WALL_SECONDS,
-                             StopReason.NO_PROGRESS, StopReason.REPEATED_CALL, StopReason.REPEATED_RESULT})
-
-
-def _settle(s: RunState, log: RunLog, stop: Stop) -> None:
-    """Every requested call still owed a result gets one: not run, or (the one in flight) outcome unknown."""
-    for call in list(s.pending):
-        if call is s.in_flight:  # its intent is logged and it may have acted: never "not run"
-            _record(s, log, call, error_result("outcome_unknown", side_effects="may have happened",
-                    message=f"interrupted while running: the run stopped ({stop.reason})"),
-                    key=None, logged_intent=True)
-        else:
-            _record(s, log, call, error_result("not_executed", "refused",
-                    message=f"not run: the run stopped ({stop.reason})"), key=None)
-
-
-def _finish(s: RunState, log: RunLog, stop: Stop, final: list[str | None], last: str | None = None) -> RunResult:
-    """Every requested call gets exactly one result; the stop is the log's last line."""
-    _settle(s, log, stop)
-    s.ledger.elapsed_s = s.elapsed()
-    ledger = s.ledger.snapshot()
-    log.write("stop", **stop.to_json(), verdict=str(stop.verdict), final_answer=final[0],
-              partial_text=final[1], ledger=ledger.to_json(),
-              per_step=[list(p) for p in s.ledger.per_step], **({"last_answer": last} if last is not None else {}))
-    log.close()
-    return RunResult(stop, final[0], ledger, tuple(s.messages), log.path, final[1], last_answer=last)
+                             StopReason.NO_PROGRESS, StopReason.REPEATED_CALL, StopReason.REPEATED_RESULT,
+                             StopReason.GUARD})
 
 
 def last_answer_prompt(stop: Stop) -> str:
@@ -328,6 +247,7 @@ class _Ops:
 
 
 async def _ring(s: RunState, ops: _Ops, log: RunLog, guards: Guards, final: list[str | None]) -> Stop:
+    execute = lambda c: _execute(s, log, ops, c)  # noqa: E731
     while True:
         if s.needs_count():
             await _count(s, ops)
@@ -335,69 +255,25 @@ async def _ring(s: RunState, ops: _Ops, log: RunLog, guards: Guards, final: list
             return stop
         reply = await _ask(s, ops, log)  # send, remember
         checked = check_reply(reply, s.registry, requested_max_tokens(s.params))
-        calls, stop, results = _settle_contract(s, log, reply, checked, final)  # stop gate
+        calls, stop, results = settle_contract(s, log, reply, checked, final)  # stop gate
         if stop:
             return stop
         guards.on_reply(s, calls)
         for c in calls:  # run tools: one execution = one count
-            cached = s.cache.get(c.key) if c.tool.kind is ToolKind.READ_ONLY else None
-            verdict = guards.before_execution(s, c, cached is not None)
-            if isinstance(verdict, Awaitable):  # a decision that waits (the gate's approval hook)
-                verdict = await verdict
-            if isinstance(verdict, Stop):
-                if (note := _nudge(s, log, verdict, c)) is None:
-                    return verdict
-                verdict = refusal(str(verdict.reason), message=note)  # the call's one result: the nudge
-            result = verdict or (cached.as_reused() if cached else await _execute(s, log, ops, c))
-            s.cache.record(c.tool, c.key, result)
-            _record(s, log, c.call, result, c.key, logged_intent=result.decision == "executed")
-            results.append(result)
-            if (stop := guards.after_execution(s, c, result)) and _nudge(s, log, stop, c, later=True) is None:
+            _, stop = await run_call(s, log, guards, c, execute, results)
+            if stop:
                 return stop
-        if (stop := guards.after_turn(s, results)) and _nudge(s, log, stop, calls=calls, later=True) is None:
+        if stop := end_turn(s, log, guards, calls, results):
             return stop
-        if s.warning is not None:  # a rule one result short of its stop: the nudge comes now
-            warned, s.warning = s.warning, None
-            _nudge(s, log, warned[0], warned[1], later=True)
-        if s.nudge_note is not None:  # a nudge raised after an execution: after the turn's results
-            s.append({"role": "user", "content": s.nudge_note})
-            s.nudge_note = None
-
-
-def _nudge(s: RunState, log: RunLog, stop: Stop, c: CheckedCall | None = None,
-           calls: list[CheckedCall] | None = None, later: bool = False) -> str | None:
-    """Policy(nudge=True): the run's first repetition stop becomes one message (a `nudge` event,
-    counted in the ledger) and the run goes on; None: the stop stands. Raised before an execution
-    (`later` False), the message is the refused call's result; raised after one, it goes to the
-    model as a user message once every call of the turn has its result."""
-    note = nudge_for(s, stop, c, calls)
-    if note is None:
-        return None
-    s.ledger.nudges += 1
-    log.write("nudge", step=s.ledger.model_requests, reason=str(stop.reason), detail=stop.detail, data=stop.data,
-              tool_call_id=c.call.id if c is not None and not later else None,
-              key=c.key if c is not None else None, delivered="message" if later else "refusal", message=note)
-    if later:
-        s.nudge_note = note
-    return note
+        deliver_note(s)  # a nudge raised after an execution: after the turn's results
 
 
 async def _ask(s: RunState, ops: _Ops, log: RunLog) -> Reply:
     """One request and its reply, logged and charged (tokens; dollars where the run has a price)."""
-    estimate = s.next_prompt_estimate()
-    request = s.request()
-    log.write("request", step=request.step, fingerprint=s.request_fingerprint(),
-              n_messages=len(request.messages), prompt_estimate=estimate, params=request.params)
-    s.ledger.model_requests += 1
+    request, estimate = open_request(s, log)
     started = time.monotonic()
     reply = await _send(s, ops, request)  # send
-    prompt, completion = s.remember(reply, estimate)  # remember
-    log.write("reply", step=request.step, raw=reply.raw, complete=reply.complete,
-              problem=reply.problem, finish_reason=reply.finish_reason,
-              usage={"prompt_tokens": prompt, "completion_tokens": completion,
-                     "reported": reply.usage is not None and reply.usage.prompt_tokens is not None,
-                     **s.charge_note},
-              duration_s=round(time.monotonic() - started, 6))
+    close_reply(s, log, request.step, reply, estimate, started)  # remember
     return reply
 
 
@@ -449,73 +325,10 @@ async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
     return reply
 
 
-def _settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractResult,
-                     final: list[str | None]) -> tuple[list[CheckedCall], Stop | None, list[ToolResult]]:
-    """Which calls may run, or the stop, and the results already given (rejected calls).
-    Fail closed by default; feedback mode tells the model."""
-    if checked.incomplete:
-        final[1] = reply.content
-        return [], Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail), []
-    if not reply.tool_calls:
-        text = (reply.content or "").strip()
-        if text:
-            final[0] = reply.content
-            return [], Stop(StopReason.FINAL_ANSWER, f"answer after {s.ledger.model_requests} requests"), []
-        return [], Stop(StopReason.EMPTY_ANSWER, "the model replied with no tool calls and no text"), []
-    valid = [i for i in checked.items if isinstance(i, CheckedCall)]
-    bad = checked.violations
-    if not bad:
-        s.bad_streak = 0
-        return valid, None, []
-    s.bad_streak += 1
-    first = bad[0]
-    limit = s.policy.max_bad_calls
-    feedback = s.policy.on_bad_call == "feedback" and (limit is None or s.bad_streak < limit)
-    given = []
-    for v in bad:
-        body = v.feedback() if feedback else {"ok": False, "error": str(v.reason), "message": v.detail}
-        given.append(_violation_result(body))
-        _record(s, log, v.call, given[-1], key=None, reason=str(v.reason))
-    if feedback:
-        return valid, None, given
-    why = "" if s.policy.on_bad_call == "fail" else \
-        f" ({s.bad_streak} replies in a row with a violation, max_bad_calls={limit})"
-    return [], Stop(first.reason, first.detail + why), given
-
-
-def _violation_result(body: dict[str, Any]) -> ToolResult:
-    return ToolResult(json.dumps(body, ensure_ascii=False), False, "rejected", error=body["error"])
-
-
 async def _execute(s: RunState, log: RunLog, ops: _Ops, c: CheckedCall) -> ToolResult:
     if interrupted():
         raise KeyboardInterrupt
-    s.in_flight = c.call  # intent logged, outcome not yet: a stop now leaves it outcome_unknown
-    log.write("call", step=s.ledger.model_requests, tool_call_id=c.call.id, name=c.tool.name,
-              raw_arguments=c.call.raw_arguments, arguments=c.args, key=c.key, kind=str(c.tool.kind),
-              decision="executed", intent=True)
+    announce(s, log, c)  # intent logged, outcome not yet: a stop now leaves it outcome_unknown
     result = await ops.execute(c.tool, c.args, s.tool_timeout())
     s.in_flight = None
     return result
-
-
-def _record(s: RunState, log: RunLog, call: Any, result: ToolResult, key: str | None,
-            logged_intent: bool = False, reason: str | None = None) -> None:
-    """One result per requested call: the call event (unless its intent was logged) and the result."""
-    step = s.ledger.model_requests
-    if not logged_intent:
-        log.write("call", step=step, tool_call_id=call.id, name=call.name,
-                  raw_arguments=call.raw_arguments, key=key, decision=result.decision,
-                  reason=reason or result.error)
-    s.add_result(call, result)
-    if key is not None and s.policy.nudge and result.decision in ("executed", "reused"):
-        s.outcomes[key] = outcome_fingerprint(result.content)  # what a nudge names
-    log.write("result", step=step, tool_call_id=call.id, name=call.name, decision=result.decision,
-              ok=result.ok, error=result.error, fingerprint=result.fingerprint,
-              duration_s=round(result.duration_s, 6), untrusted=result.untrusted, content=result.content,
-              **({"violation": result.violation} if result.violation else {}))
-
-
-def _describe(model: Model) -> dict[str, Any]:
-    describe = getattr(model, "describe", None)
-    return describe() if callable(describe) else {"kind": type(model).__name__}

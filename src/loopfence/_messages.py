@@ -21,6 +21,8 @@ class ReplyFormatError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """The token counts a reply's `usage` reports (None: the endpoint did not say)."""
+
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
@@ -153,3 +155,4 @@ class Request:
     deadline: float | None = None  # time.monotonic() value the request must not outlive
     step: int = 0
     max_tokens: int | None = None
+    run_id: str | None = None  # the run's log header run_id: an HTTP adapter sends it (X-Loopfence-Run-Id)

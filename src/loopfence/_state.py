@@ -41,6 +41,10 @@ def least_tokens(text: str) -> int:
 
 @dataclass
 class RunState:
+    """Everything one run knows as it goes: its limits and policy, the tools, the conversation (and
+    the outgoing view of it), the ledger, the read-only cache, the pending calls and the clock.
+    Guards read it (see `Guard`); the ring alone changes it."""
+
     limits: Limits
     policy: Policy
     registry: Registry
@@ -75,6 +79,7 @@ class RunState:
     outcomes: dict[str, str] = field(default_factory=dict)  # canonical key -> its last result's outcome fingerprint
     nudge_note: str | None = None  # a nudge to send as a user message once the turn's results are in
     warning: tuple[Any, Any] | None = None  # (Stop, CheckedCall): a rule one result short of stopping (Policy.nudge)
+    run_id: str | None = None  # the header's run_id; each request carries it (Request.run_id)
 
     def __post_init__(self) -> None:
         tools = canonical_json(self.registry.schemas())
@@ -203,7 +208,7 @@ class RunState:
         if self.final_request:  # the last answer: tools disabled, whatever the params say
             params["tool_choice"] = "none"
         return Request(list(self.view.messages), self.registry.schemas(), params,
-                       self.deadline(), self.ledger.model_requests + 1, self.max_tokens())
+                       self.deadline(), self.ledger.model_requests + 1, self.max_tokens(), self.run_id)
 
     def charge(self, reply: Reply, prompt: int, completion: int) -> float | None:
         """The reply's cost at its model's price (the name the reply gives, else the run's price),
@@ -248,6 +253,11 @@ class RunState:
         if cost is not None:
             self.charge_note["cost_usd"] = cost
         return prompt, completion
+
+    def note(self, guard: str, message: str, data: dict[str, Any] | None = None) -> None:
+        """A guard's own `guard` event in the run's log (see `Guard.note`); nothing without a log."""
+        if self.log is not None:
+            self.log.write("guard", step=self.ledger.model_requests, guard=guard, message=message, data=data or {})
 
     def add_result(self, call: ToolCall, result: ToolResult) -> None:
         self.append({"role": "tool", "tool_call_id": call.id, "content": result.content})

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # typing only: this module imports nothing of the package at run time
+    from ._limits import LedgerSnapshot
 
 __all__ = ["StopReason", "Stop", "StopError", "Verdict", "RunResult"]
 
 
 class StopReason(StrEnum):
+    """Why a run ended: the closed vocabulary. Only `final_answer` is a SHIP; every other reason is a
+    KILL. A custom guard stops with `guard` (its name in the stop's data: `Guard.stop(...)`)."""
+
     FINAL_ANSWER = "final_answer"
     EMPTY_ANSWER = "empty_answer"
     MAX_STEPS = "max_steps"
@@ -32,10 +38,13 @@ class StopReason(StrEnum):
     CONTEXT_OVERFLOW = "context_overflow"
     ENDPOINT_ERROR = "endpoint_error"
     CANCELLED = "cancelled"
+    GUARD = "guard"  # a custom guard's own rule: data["guard"] names the guard (Guard.stop)
     INTERNAL_ERROR = "internal_error"  # a bug inside loopfence (or a guard): the traceback is in the data
 
 
 class Verdict(StrEnum):
+    """A run's verdict: SHIP (it ended with a final answer) or KILL (anything else)."""
+
     SHIP = "SHIP"
     KILL = "KILL"
 
@@ -73,8 +82,8 @@ class RunResult:
 
     stop: Stop
     final_answer: str | None
-    ledger: Any  # a frozen LedgerSnapshot (see _limits); Any keeps this module import-free
-    messages: tuple[dict[str, Any], ...]
+    ledger: LedgerSnapshot  # what the run spent and did, frozen at the stop
+    messages: tuple[dict[str, Any], ...]  # the whole conversation, system and task first
     log_path: str | None = None
     partial_text: str | None = None
     cpu_s: float | None = None  # CPU seconds of the ring's own code and of its blocking operations' worker threads

@@ -1,8 +1,12 @@
-"""`stream()`: a run as an async iterator of its typed events, as they are written."""
+"""`stream()`: a run as an iterator of its typed events, as they are written: `async for` on a
+running event loop, plain `for` in sync code (the run then goes on a thread with a loop of its own)."""
 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ._loop import arun
@@ -14,7 +18,13 @@ __all__ = ["stream", "RunStream"]
 
 class RunStream:
     """`async for event in stream(task, ...)`: header, request, reply, call, result, … ending with
-    the stop. Then `.result` is the run's RunResult (and `await s.finish()` returns it)."""
+    the stop. Then `.result` is the run's RunResult (and `await s.finish()` returns it).
+
+    `for event in stream(task, ...)` does the same from sync code: the run goes on a thread of its
+    own. Leaving the loop early (break, an exception) cancels the run, which ends `cancelled` with its
+    stop in the log; Ctrl-C while waiting for an event does the same, and the events go on to that
+    stop (a second Ctrl-C raises KeyboardInterrupt). A stream is iterated once, one way or the other.
+    """
 
     def __init__(self, task: str, kwargs: dict[str, Any]) -> None:
         self._task, self._kwargs = task, kwargs
@@ -62,7 +72,69 @@ class RunStream:
                 pass
 
 
+    def __iter__(self) -> Iterator[LogEvent]:
+        if self._run is not None or self._done:
+            raise RuntimeError("this stream is already being iterated (a stream is iterated once)")
+        self._done = True
+        return _events_on_a_thread(self)
+
+
+_END = object()
+
+
+def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
+    """The sync iteration: arun on a thread with its own loop, events through a queue."""
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    handle: list[Any] = []  # (loop, task) once the run has started
+    failed: list[BaseException] = []
+
+    async def go() -> RunResult:
+        handle.append((asyncio.get_running_loop(), asyncio.current_task()))
+        return await arun(rs._task, on_event=q.put, **rs._kwargs)
+
+    def main() -> None:
+        try:
+            rs.result = asyncio.run(go())
+        except BaseException as exc:  # noqa: BLE001 - handed to the iterating thread
+            failed.append(exc)
+        finally:
+            q.put(_END)
+
+    def cancel() -> None:
+        if handle:
+            loop, task = handle[0]
+            loop.call_soon_threadsafe(task.cancel)
+
+    runner = threading.Thread(target=main, name="loopfence-stream", daemon=True)
+    runner.start()
+    cancelled = stopped = False
+    try:
+        while True:
+            try:
+                item = q.get()
+            except KeyboardInterrupt:
+                if cancelled:
+                    raise
+                cancelled = True
+                cancel()  # the run ends `cancelled`; its remaining events, then the stop, still come
+                continue
+            if item is _END:
+                break
+            stopped = isinstance(item, StopLine)
+            yield item
+    finally:
+        if runner.is_alive() and not stopped:  # left early: cancelled, its stop written before we return
+            cancelled = True
+            while not handle and runner.is_alive():
+                runner.join(0.01)
+            cancel()
+            runner.join()
+    if failed and not (cancelled and isinstance(failed[0], asyncio.CancelledError)):
+        raise failed[0]
+
+
 def stream(task: str, **kwargs: Any) -> RunStream:
     """`arun(task, **kwargs)` as a stream of its typed events (loopfence.runlog._schema), ending
-    with the stop; the final RunResult is `.result` once the stop has been yielded."""
+    with the stop; the final RunResult is `.result` once the stop has been yielded. `async for` or
+    plain `for` (see RunStream)."""
     return RunStream(task, kwargs)

@@ -1,23 +1,37 @@
-"""The `loopfence` command. `cli(argv) -> int`; `main()` is the console script."""
+"""The `loopfence` command. `cli(argv) -> int`; `main()` is the console script.
+
+Every command that judges something (run, batch, drill, replay, reconcile, resume) lists its exit
+codes in its `--help`; those with `--json` write one JSON document (or one object per line) on
+stdout and everything meant for people on stderr. A closed stdout (`loopfence drill --json | head`)
+ends any command quietly with exit 141 (128 + SIGPIPE, as a shell tool killed by it), handled once,
+in `main()`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
+from . import __version__
 from ._commands import COMMANDS
 from ._commands._common import DETAIL_CHARS, UsageError, stderr
 from ._printable import printable
 from .runlog._writer import LogWriteError
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "BROKEN_PIPE"]
+
+BROKEN_PIPE = 141  # the exit code when whoever reads our stdout has gone (128 + SIGPIPE)
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     parser = argparse.ArgumentParser(prog="loopfence", description=(
         "Run LLM tool-calling loops that always end for a named reason, count what ran, "
-        "and leave a log that can be replayed, reconciled and resumed."))
+        "and leave a log that can be replayed, reconciled and resumed."),
+        epilog="Exit codes: each command's --help lists its own (2 is always a usage error); a closed "
+        f"output pipe (`| head`) ends any command quietly with {BROKEN_PIPE}.")
+    parser.add_argument("--version", action="version", version=f"loopfence {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name in COMMANDS:
@@ -28,6 +42,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
 
 
 def cli(argv: list[str] | None = None) -> int:
+    """Run one `loopfence` command line (`argv` without the program name; default sys.argv[1:]) and
+    return its exit code. Usage errors and unwritable run logs are one line on stderr, exit 2."""
     parser, modules = _parser()
     try:
         args = parser.parse_args(argv)
@@ -48,4 +64,27 @@ def cli(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    sys.exit(cli())
+    """The console script: `cli()`'s exit code. A reader that closed our stdout early (`| head`) is
+    not an error to show: no traceback, exit 141, and nothing more is written to the closed pipe."""
+    try:
+        code = cli()
+        sys.stdout.flush()  # what print() still buffers fails here, not at interpreter exit
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        code = BROKEN_PIPE
+    except SystemExit as exc:  # rich's Console exits (1) on a broken pipe, raised while handling it
+        if not isinstance(exc.__context__, BrokenPipeError):
+            raise
+        _stdout_to_devnull()
+        code = BROKEN_PIPE
+    sys.exit(code)
+
+
+def _stdout_to_devnull() -> None:
+    """Python flushes stdout at exit; pointed at /dev/null, that flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+

@@ -25,33 +25,31 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from .._aio import run_sync
 from .._json import dumps, loads
 from .._limits import Limits, Policy
-from .._loop import arun
+from .._loop import check_price
+from .._prices import PriceError, PricesArg, load_prices
 from .._stops import StopReason
 from .._drivers._resume import resume
-from ..models._base import Model
 from ..models._scripted import ScriptedModel
 from ..runlog._events import LogError
 from ..runlog._reader import read_log
 from ..runlog._writer import LogWriteError
-from ..tools._builtin import workspace_tools
-from ..tools._registry import Tool
 from ._episodes import Episode, EpisodeError, load_episodes, parse_episodes
+from ._kit import Kit, ModelSource, ToolSource, WorkerLost
 from ._results import EpisodeResult, ResultsError, ResultsFile, Summary, summarize
 
 __all__ = ["abatch", "batch", "BatchResult", "BatchError", "ModelSource", "ToolSource", "JOB_FORMAT",
-           "JOB", "INPUT", "RESULTS", "SUMMARY", "EPISODES", "WORKSPACES", "RETRIES", "read_job"]
+           "JOB", "INPUT", "RESULTS", "SUMMARY", "EPISODES", "WORKSPACES", "RETRIES", "read_job", "BACKENDS"]
 
 JOB_FORMAT = "loopfence.batch.job"
 JOB, INPUT, RESULTS, SUMMARY = "job.json", "input.jsonl", "results.jsonl", "summary.json"
 EPISODES, WORKSPACES, RETRIES = "episodes", "workspaces", "retries"
 
-ModelSource = Union[Model, Callable[[Episode], Model]]  # one model for all, or a model per episode
-ToolSource = Union[Iterable[Tool], Callable[[Episode, "Path | None"], Iterable[Tool]]]
+BACKENDS = ("local", "ray")
 
 
 class BatchError(ValueError):
@@ -73,7 +71,9 @@ async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | 
                  params: dict[str, Any] | None = None, keep_workspaces: bool = False,
                  on_start: Callable[[int, int], None] | None = None,
                  on_result: Callable[[EpisodeResult], None] | None = None,
-                 settings: dict[str, Any] | None = None, drain: asyncio.Event | None = None) -> BatchResult:
+                 settings: dict[str, Any] | None = None, drain: asyncio.Event | None = None,
+                 prices: PricesArg = None, header: dict[str, Any] | None = None, backend: str = "local",
+                 ray_address: str | None = None, ray_workers: int | None = None) -> BatchResult:
     """Run every episode (a JSONL path, or episodes in Python) into the folder `out`; the core.
 
     model: a Model shared by every episode (it must serve concurrent requests, as OpenAIModel does),
@@ -85,31 +85,58 @@ async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | 
     on_start(total, done_before) and on_result(row): progress hooks, called on the loop.
     settings: recorded in job.json (the CLI keeps its flags there for `--resume`).
     drain: once set, no new episode (or retry) starts; those running finish.
+    prices: the price table for `Limits(max_cost_usd=...)` and the rows' `cost_usd` (as `run()` takes
+      it); a model with no price under a cost budget is a BatchError before anything runs.
+    header: more for each episode log's header (e.g. the MCP servers' `McpTools.header()`).
+    backend: "local" (this event loop) or "ray" (`loopfence[ray]`): each fresh attempt runs on one of
+      `ray_workers` Ray actors (default: one per CPU Ray has), each running many episodes on its own
+      event loop; Ray is started here (`ray.init(address=ray_address)`) unless it already is. The
+      model, tools and settings go to the actors by pickling (a model factory builds its model
+      there); logs are written straight into `out` (on a cluster, a folder every node shares), rows
+      by this process only. A worker that dies loses only its episodes in flight: no row, their logs
+      kept, and `resume` finishes them (here, from their logs).
     Cancelling the awaiting task ends the running episodes `cancelled` (their rows are written).
     """
     if concurrency < 1:
         raise BatchError(f"concurrency must be at least 1, got {concurrency}")
     if max_retries < 0:
         raise BatchError(f"max_retries must be at least 0, got {max_retries}")
+    if backend not in BACKENDS:
+        raise BatchError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     stops = _retry_stops(retry_stops)
     started, cpu0 = time.perf_counter(), time.process_time()
     folder = Path(out)
     results = ResultsFile(folder / RESULTS)
-    engine = _Engine(folder, model, tools, limits or Limits(), policy or Policy(), dict(params or {}), stops,
-                     max_retries, keep_workspaces, results, on_result, drain)
-    custom_names = None if engine.tools_factory is not None else [t.name for t in engine.tools]
-    job = _open_job(folder, episodes, resume, settings, custom_names)
+    try:
+        prices = load_prices(prices) if isinstance(prices, (str, Path)) else prices  # read once, not per episode
+        kit = Kit.of(model, tools, limits=limits or Limits(), policy=policy or Policy(), params=dict(params or {}),
+                     prices=prices, header=dict(header or {}))
+        if not kit.is_factory:  # the check each episode's run makes at its start, once, before the folder
+            check_price(kit.model, kit.limits, prices)  # type: ignore[arg-type]
+    except (PriceError, ValueError) as exc:
+        raise BatchError(str(exc)) from None
+    engine = _Engine(folder, kit, stops, max_retries, keep_workspaces, results, on_result, drain)
+    job = _open_job(folder, episodes, resume, settings, kit.custom_names())
     try:
         rows = _reconcile_rows(folder, job, results, stops, max_retries, keep_workspaces)
     except ResultsError as exc:
         raise BatchError(str(exc)) from None
     engine.rows.update({r.id: r for r in rows})
     todo = [ep for ep in job if ep.id not in engine.rows]
+    if backend == "ray" and todo:
+        from ._ray import RayBackend
+
+        try:
+            engine.remote = RayBackend(kit, address=ray_address, workers=ray_workers)
+        except ValueError as exc:  # RayUnavailable: the job is recorded; `resume` (any backend) runs it
+            raise BatchError(str(exc)) from None
     if on_start is not None:
         on_start(len(job), len(job) - len(todo))
     try:
         await engine.run_all(todo, concurrency)
     finally:
+        if engine.remote is not None:
+            engine.remote.close()
         results.close()
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu0
@@ -123,7 +150,9 @@ async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | 
         _write_json(folder / SUMMARY, summary.to_json())
     if engine.crash is not None:
         raise engine.crash
-    why = engine.halted or ("drained: no new episodes were started" if summary.pending else None)
+    lost = (f"{len(engine.lost)} episode(s) were lost with a Ray worker that died ({', '.join(engine.lost[:5])}"
+            f"{', ...' if len(engine.lost) > 5 else ''})") if engine.lost else None
+    why = engine.halted or lost or ("drained: no new episodes were started" if summary.pending else None)
     return BatchResult(folder, summary, ordered, why)
 
 
@@ -133,12 +162,15 @@ def batch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | None = 
           policy: Policy | None = None, params: dict[str, Any] | None = None, keep_workspaces: bool = False,
           on_start: Callable[[int, int], None] | None = None,
           on_result: Callable[[EpisodeResult], None] | None = None,
-          settings: dict[str, Any] | None = None) -> BatchResult:
+          settings: dict[str, Any] | None = None, prices: PricesArg = None,
+          header: dict[str, Any] | None = None, backend: str = "local", ray_address: str | None = None,
+          ray_workers: int | None = None) -> BatchResult:
     """`abatch` from sync code (an event loop of its own; on a helper thread inside a running loop)."""
     return run_sync(abatch(episodes, model=model, out=out, tools=tools, concurrency=concurrency, resume=resume,
                            retry_stops=retry_stops, max_retries=max_retries, limits=limits, policy=policy,
                            params=params, keep_workspaces=keep_workspaces, on_start=on_start,
-                           on_result=on_result, settings=settings))
+                           on_result=on_result, settings=settings, prices=prices, header=header,
+                           backend=backend, ray_address=ray_address, ray_workers=ray_workers))
 
 
 # -- the folder ------------------------------------------------------------------------------------
@@ -262,32 +294,21 @@ def _retry_stops(stops: Iterable[str | StopReason]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _tool_list(tools: Any) -> list[Tool]:
-    if isinstance(tools, Tool):
-        return [tools]
-    return list(tools)
-
-
 # -- the episodes ----------------------------------------------------------------------------------
 class _Engine:
-    def __init__(self, folder: Path, model: ModelSource, tools: ToolSource, limits: Limits, policy: Policy,
-                 params: dict[str, Any], stops: tuple[str, ...], max_retries: int, keep: bool,
+    def __init__(self, folder: Path, kit: Kit, stops: tuple[str, ...], max_retries: int, keep: bool,
                  results: ResultsFile, on_result: Callable[[EpisodeResult], None] | None,
                  drain: asyncio.Event | None) -> None:
         self.folder = folder
-        self.is_factory = not (hasattr(model, "complete") or hasattr(model, "acomplete"))
-        if self.is_factory and not callable(model):
-            raise BatchError("model must be a Model or a callable that makes one per episode")
-        self.model = model
-        self.tools_factory = tools if callable(tools) and not isinstance(tools, (list, tuple, Tool)) else None
-        self.tools = [] if self.tools_factory is not None else _tool_list(tools)
-        self.limits, self.policy, self.params = limits, policy, params
+        self.kit = kit
+        self.remote: Any = None  # a Ray backend (_batch/_ray.RayBackend): fresh attempts run there
         self.stops, self.max_retries, self.keep = stops, max_retries, keep
         self.results = results
         self.on_result = on_result
         self.drain = drain
         self.rows: dict[str, EpisodeResult] = {}
         self.ran = self.resumed = self.retries = 0
+        self.lost: list[str] = []  # episodes in flight on a Ray worker that died (no row: resume finishes them)
         self.halted: str | None = None
         self.crash: BaseException | None = None
 
@@ -340,6 +361,9 @@ class _Engine:
         except LogWriteError as exc:  # the disk: no row, the log resumable; nothing more starts
             self.halted = self.halted or str(exc)
             return
+        except WorkerLost:  # no row: `resume` continues it from its log (or starts it)
+            self.lost.append(ep.id)
+            return
         except asyncio.CancelledError:  # a run ends `cancelled` (its stop line written): its row goes too;
             row = self._from_log(ep, log, attempts)  # otherwise no row: resume picks the episode up
             if row is not None:
@@ -366,17 +390,11 @@ class _Engine:
     async def _fresh(self, ep: Episode, log: Path, attempts: int) -> EpisodeResult:
         try:
             ws = await asyncio.to_thread(self._workspace, ep) if ep.needs_workspace else None
-            tools = self._tools(ep, ws)
-            model = self._model(ep)
-        except Exception as exc:  # noqa: BLE001 - an episode that cannot start is an error row
+        except OSError as exc:  # an episode that cannot start is an error row
             return EpisodeResult.failed(ep.id, f"cannot start: {type(exc).__name__}: {exc}", ep.metadata, attempts)
-        header: dict[str, Any] = {"batch": {"id": ep.id, "attempt": attempts, "out": str(self.folder.resolve())}}
-        if ws is not None:
-            header["workspace"] = str(ws)
-        result = await arun(ep.task, model=model, tools=tools, limits=ep.effective_limits(self.limits),
-                            policy=ep.effective_policy(self.policy), system=ep.system,
-                            params={**self.params, **ep.params}, log=log, header=header)
-        return EpisodeResult.of_run(ep.id, result, ep.metadata, attempts, self._rel(log))
+        if self.remote is not None:
+            return await self.remote.fresh(ep, ws, log, attempts, self.folder)  # type: ignore[no-any-return]
+        return await self.kit.fresh(ep, ws, log, attempts, self.folder)
 
     async def _recover(self, ep: Episode, log: Path, attempts: int) -> EpisodeResult | None:
         """The row of an episode that has a log and no row: from its stop, or by resuming it. None:
@@ -396,8 +414,8 @@ class _Engine:
         try:
             if ws is not None and not ws.is_dir():
                 raise ValueError(f"its workspace copy {ws} is gone")
-            tools = self._tools(ep, ws)
-            model = self._model(ep)
+            tools = self.kit.tools_for(ep, ws)
+            model = self.kit.model_for(ep)
             live = None if type(model) is ScriptedModel else model  # rebuilt from the header: the script goes on
             outcome = await asyncio.to_thread(resume, log, model=live, tools=tools)
         except LogWriteError:
@@ -429,19 +447,3 @@ class _Engine:
         else:
             where.mkdir(parents=True)
         return where.resolve()
-
-    def _tools(self, ep: Episode, ws: Path | None) -> list[Tool]:
-        builtins = ep.builtin_names()
-        made = workspace_tools(ws, builtins) if builtins and ws is not None else []
-        custom = list(self.tools_factory(ep, ws)) if self.tools_factory is not None else self.tools
-        wanted = ep.custom_names()
-        if wanted is not None:
-            by_name = {t.name: t for t in custom}
-            missing = [n for n in wanted if n not in by_name]
-            if missing:
-                raise ValueError(f"tools: no tool named {', '.join(map(repr, missing))}")
-            custom = [by_name[n] for n in wanted]
-        return [*made, *custom]
-
-    def _model(self, ep: Episode) -> Model:
-        return self.model(ep) if self.is_factory else self.model  # type: ignore[operator, return-value]

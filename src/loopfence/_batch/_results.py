@@ -53,6 +53,7 @@ class EpisodeResult:
     log: str | None = None  # relative to the batch folder
     cpu_s: float | None = None  # the ring's CPU (RunResult.cpu_s); None when not measured
     error: str | None = None
+    cost_usd: float | None = None  # dollars, where the run was priced (a cost budget or a price table)
 
     @property
     def tokens(self) -> int:
@@ -69,7 +70,8 @@ class EpisodeResult:
         return cls(ident, str(result.stop.reason), str(result.verdict), result.stop.detail,
                    led.model_requests, led.tool_calls, led.tool_executions, led.reused, led.refused,
                    led.rejected, led.prompt_tokens, led.completion_tokens, round(led.elapsed_s, 6),
-                   result.final_answer, metadata, attempts, resumed, log, result.cpu_s)
+                   result.final_answer, metadata, attempts, resumed, log, result.cpu_s,
+                   cost_usd=led.cost_usd)
 
     @classmethod
     def of_stop(cls, ident: str, stop: StopEvent, metadata: dict[str, Any], attempts: int, log: str,
@@ -80,7 +82,7 @@ class EpisodeResult:
                    int(led.get("tool_calls", 0)), int(led.get("tool_executions", 0)), int(led.get("reused", 0)),
                    int(led.get("refused", 0)), int(led.get("rejected", 0)), int(led.get("prompt_tokens", 0)),
                    int(led.get("completion_tokens", 0)), float(led.get("elapsed_s", 0.0)), stop.final_answer,
-                   metadata, attempts, resumed, log)
+                   metadata, attempts, resumed, log, cost_usd=_dollars(led.get("cost_usd")))
 
     @classmethod
     def failed(cls, ident: str, error: str, metadata: dict[str, Any], attempts: int = 1,
@@ -88,16 +90,21 @@ class EpisodeResult:
         return cls(ident, None, None, error, metadata=metadata, attempts=attempts, log=log, error=error)
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: written at once
         out["tokens"] = self.tokens
-        if self.error is None:
-            del out["error"]
+        for key in ("error", "cost_usd"):
+            if out[key] is None:
+                del out[key]
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EpisodeResult:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _dollars(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class ResultsFile:
@@ -191,6 +198,9 @@ class Summary:
     max_retries: int
     resumed: int  # episodes continued from their logs
     this_run: dict[str, Any] = field(default_factory=dict)
+    cost_usd: float | None = None  # dollars over the priced episodes (None: none was priced)
+    cost_usd_p50: float | None = None
+    cost_usd_p95: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": SUMMARY_FORMAT, "version": 1, **asdict(self), "retry_stops": list(self.retry_stops)}
@@ -210,6 +220,7 @@ def summarize(rows: Sequence[EpisodeResult], total: int, *, retry_stops: Iterabl
     seconds = [r.seconds for r in done]
     p50, p95 = percentile(tokens, 50), percentile(tokens, 95)
     s50, s95 = percentile(seconds, 50), percentile(seconds, 95)
+    costs = [r.cost_usd for r in done if r.cost_usd is not None]
     return Summary(
         episodes=total, finished=len(done), errors=len(rows) - len(done), pending=max(total - len(rows), 0),
         by_stop=dict(sorted(by_stop.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))), ship=ship,
@@ -222,4 +233,5 @@ def summarize(rows: Sequence[EpisodeResult], total: int, *, retry_stops: Iterabl
         seconds=round(sum(seconds), 6), seconds_p50=s50, seconds_p95=s95,
         retries=sum(r.attempts - 1 for r in rows), retried_episodes=sum(r.attempts > 1 for r in rows),
         retry_stops=tuple(retry_stops), max_retries=max_retries, resumed=sum(r.resumed for r in rows),
-        this_run=dict(this_run or {}))
+        this_run=dict(this_run or {}), cost_usd=round(sum(costs), 9) if costs else None,
+        cost_usd_p50=percentile(costs, 50), cost_usd_p95=percentile(costs, 95))

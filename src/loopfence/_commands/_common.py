@@ -15,8 +15,8 @@ from .._limits import Limits, parse_limit
 from .._printable import markup, printable, rich_text
 from .._stops import RunResult
 
-__all__ = ["UsageError", "limits_from_flags", "default_log_path", "live_printer", "print_summary",
-           "print_token_table", "stderr"]
+__all__ = ["UsageError", "limits_from_flags", "default_log_path", "live_printer", "print_answer",
+           "print_summary", "print_token_table", "stderr"]
 
 # emoji off: a ":name:" in a model's text stays text (markup is escaped where values are shown)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -133,8 +133,14 @@ def print_summary(result: RunResult, console: Console = stderr,
     if result.log_path:
         console.print(f"log: {printable(result.log_path)}", markup=False, highlight=False,
                       overflow="ignore", crop=False)
-    if result.final_answer:  # the answer keeps its lines; no terminal control gets through
-        print(printable(result.final_answer), file=sys.stdout)
+    if result.final_answer:
+        print_answer(result)
     elif getattr(result, "last_answer", None):  # Policy(last_answer=True): salvaged after a KILL, said so, never on stdout
         console.print(f"last answer (not shipped, {result.stop.reason}):", markup=False)
         console.print(printable(result.last_answer), markup=False, highlight=False)
+
+
+def print_answer(result: RunResult) -> None:
+    """The final answer on stdout (all `--quiet` leaves); it keeps its lines, no terminal control gets through."""
+    if result.final_answer:
+        print(printable(result.final_answer), file=sys.stdout)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import os
 import signal
 import sys
@@ -17,11 +16,17 @@ from rich.console import Console
 from rich.table import Table
 
 from .._batch import BatchError, BatchResult, EpisodeResult, Summary, abatch, read_job
-from .._batch._engine import SUMMARY
+from .._batch._engine import BACKENDS, SUMMARY
+from .._batch._recipe import Endpoints, ScriptFile
 from .._json import dumps, loads
+from .._loop import check_price
+from .._prices import PriceError
 from .._printable import printable
 from .._stops import StopReason
-from ..models import Model, ScriptedModel, ScriptError
+from ..mcp import McpUsageError, open_from_args
+from ..mcp import add_flags as add_mcp_flags
+from ..models import ScriptError
+from ..tools._builtin import BUILTIN_NAMES
 from ._common import UsageError, limits_from_flags, stderr
 from ._toolspec import load_tools
 from .run import params_from_flags
@@ -30,7 +35,7 @@ __all__ = ["add_parser", "main"]
 
 HELP = "run many episodes (a JSONL file) through the fence, resumable after a kill"
 DEFAULT_CONCURRENCY = 16
-_FIXED = ("script", "tools", "limit", "param")  # settings of the job itself: not changed on --resume
+_FIXED = ("script", "tools", "limit", "param", "prices")  # settings of the job itself: not changed on --resume
 
 
 def add_parser(sub: Any) -> None:
@@ -62,6 +67,9 @@ def add_parser(sub: Any) -> None:
                    help="a default limit for every episode (an episode's own limits win)")
     p.add_argument("--param", metavar="NAME=VALUE", action="append",
                    help="a default request parameter for every episode (VALUE is JSON when it parses)")
+    p.add_argument("--prices", metavar="FILE", help="model prices (TOML: \"model\" = [input, output] dollars "
+                   "per million tokens; \"*\" = any model), over the genai-prices table: each row and the "
+                   "summary carry dollars; with --limit max_cost_usd=DOLLARS, each episode's budget")
     http = p.add_argument_group("the model")
     http.add_argument("--base-url", metavar="URL", action="append",
                       help="an OpenAI-compatible endpoint (repeatable: episodes are spread over them, "
@@ -73,9 +81,27 @@ def add_parser(sub: Any) -> None:
     http.add_argument("--stream", action="store_true", default=None, help="stream the replies (SSE)")
     http.add_argument("--script", metavar="FILE", help="instead of an endpoint: scripted replies (JSONL), "
                       "each episode from the first")
+    where = p.add_argument_group("where the episodes run")
+    where.add_argument("--backend", choices=BACKENDS, help="local (default: this process, one event loop) or "
+                       "ray (loopfence[ray]: Ray actors, each running many episodes; logs go straight into "
+                       "DIR, which every node must see; rows are written here)")
+    where.add_argument("--ray-address", metavar="ADDR", help="a running Ray cluster (default: start a local "
+                       "Ray, or $RAY_ADDRESS)")
+    where.add_argument("--ray-workers", metavar="N", type=int, help="Ray actors (default: one per CPU Ray has)")
+    add_mcp_flags(p)  # the servers start once; every episode shares their tools (recorded for --resume,
+    #                   except --mcp-header, which holds secrets: give it again)
 
 
 # -- settings ------------------------------------------------------------------------------------------
+_MCP_RECORDED = ("mcp", "mcp_url", "mcp_trust", "mcp_kind")
+
+
+def _mcp_args(args: argparse.Namespace, settings: dict[str, Any]) -> argparse.Namespace:
+    """The MCP flags as open_from_args reads them: given, or recorded when the batch started."""
+    return argparse.Namespace(**{name: settings.get(name) for name in _MCP_RECORDED},
+                              mcp_header=args.mcp_header, mcp_timeout=args.mcp_timeout)
+
+
 def _settings(args: argparse.Namespace) -> tuple[Path, bool, dict[str, Any]]:
     """(the folder, resuming?, the settings): flags over those recorded in job.json on resume."""
     if args.resume:
@@ -102,6 +128,9 @@ def _settings(args: argparse.Namespace) -> tuple[Path, bool, dict[str, Any]]:
         "concurrency": args.concurrency, "max_connections": args.max_connections,
         "retry_stops": args.retry_stops and [s.strip() for s in args.retry_stops.split(",") if s.strip()],
         "max_retries": args.max_retries, "keep_workspaces": args.keep_workspaces,
+        "prices": args.prices and str(Path(args.prices).resolve()), "backend": args.backend,
+        "ray_address": args.ray_address, "ray_workers": args.ray_workers,
+        **{name: getattr(args, name) for name in _MCP_RECORDED if getattr(args, name, None) is not None},
     }
     settings = {**recorded, **{k: v for k, v in given.items() if v is not None}}
     settings.setdefault("concurrency", DEFAULT_CONCURRENCY)
@@ -111,7 +140,10 @@ def _settings(args: argparse.Namespace) -> tuple[Path, bool, dict[str, Any]]:
         raise UsageError("--script and --base-url: choose one source of replies")
     if not settings.get("base_urls") and not settings.get("script"):
         raise UsageError("batch needs a model: --base-url URL (or $LOOPFENCE_BASE_URL) or --script FILE")
-    for name in ("concurrency", "max_connections"):
+    if settings.get("backend") == "ray" and (settings.get("mcp") or settings.get("mcp_url")):
+        raise UsageError("--mcp with --backend ray: the MCP sessions live in this process, the episodes on "
+                         "Ray actors; run MCP batches locally")
+    for name in ("concurrency", "max_connections", "ray_workers"):
         if settings.get(name) is not None and settings[name] < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {settings[name]}")
     if settings.get("max_retries") is not None and settings["max_retries"] < 0:
@@ -120,30 +152,19 @@ def _settings(args: argparse.Namespace) -> tuple[Path, bool, dict[str, Any]]:
 
 
 def _models(settings: dict[str, Any]) -> tuple[Any, list[Any]]:
-    """(the model factory, the models to close)."""
-    if settings.get("script"):
-        try:
-            base = ScriptedModel.from_file(settings["script"])
-        except ScriptError as exc:
-            raise UsageError(str(exc)) from None
-        return (lambda ep: ScriptedModel(base.replies, source=base.source)), []
-    import httpx
-
-    from ..models._openai import OpenAIModel
-
-    width = settings.get("max_connections") or settings["concurrency"]
+    """(the model factory, what to close): picklable, so the Ray backend's actors build their own."""
     try:
-        models = [OpenAIModel.from_env(url, settings.get("model"), stream=bool(settings.get("stream")),
-                                       limits=httpx.Limits(max_connections=width, max_keepalive_connections=width))
-                  for url in settings["base_urls"]]
+        if settings.get("script"):
+            recipe: Any = ScriptFile(settings["script"])
+        else:
+            recipe = Endpoints(list(settings["base_urls"]), settings.get("model"), bool(settings.get("stream")),
+                               settings.get("max_connections") or settings["concurrency"])
+            recipe.build()  # a bad URL is a usage error now, not an error row per episode
+    except ScriptError as exc:
+        raise UsageError(str(exc)) from None
     except ValueError as exc:
         raise UsageError(f"--base-url: {exc}") from None
-    turn = itertools.count()
-
-    def pick(ep: Any) -> Model:
-        return models[next(turn) % len(models)]
-
-    return (models[0] if len(models) == 1 else pick), models
+    return recipe, [recipe]
 
 
 # -- progress ------------------------------------------------------------------------------------------
@@ -234,6 +255,11 @@ def print_summary(s: Summary, folder: Path, console: Console = stderr) -> None:
               + (f" (stops {', '.join(s.retry_stops)}, at most {s.max_retries} each)" if s.retry_stops else "")),
              ("resumed from logs", f"{s.resumed:,}")]
     run = s.this_run
+    if s.cost_usd is not None:
+        def usd(x: float | None) -> str:
+            return "-" if x is None else f"${x:,.6f}"
+
+        rows.insert(4, ("cost", f"{usd(s.cost_usd)} (p50 {usd(s.cost_usd_p50)}, p95 {usd(s.cost_usd_p95)})"))
     if run:
         rows.append(("this run", f"{run.get('episodes', 0):,} episodes in {run.get('wall_s', 0):,.2f}s, "
                      f"{num(run.get('episodes_per_s'))} episodes/s, CPU {num(run.get('cpu_ms_per_episode'))} "
@@ -252,11 +278,17 @@ def main(args: argparse.Namespace) -> int:
     params = params_from_flags(settings.get("params") or [])
     tools = load_tools(settings.get("tools"))
     models, owned = _models(settings)
+    try:  # a cost budget for a model with no price: one line, before the folder is made
+        check_price(models.sample(), limits, settings.get("prices"))
+    except PriceError as exc:
+        raise UsageError(str(exc)) from None
     progress = _Progress(stderr, args.quiet, args.json)
+    reserved = [*BUILTIN_NAMES, *(t.name for t in tools)]
     try:
-        result = asyncio.run(_run(args, folder, resuming, settings, models, owned, tools, limits, params,
-                                  progress))
-    except BatchError as exc:
+        with open_from_args(_mcp_args(args, settings), reserved=reserved) as mcp:
+            result = asyncio.run(_run(args, folder, resuming, settings, models, owned, [*tools, *mcp], limits,
+                                      params, progress, mcp.header()))
+    except (BatchError, McpUsageError) as exc:
         raise UsageError(str(exc)) from None
     finally:
         progress.close()
@@ -289,7 +321,7 @@ def _print_written(folder: Path) -> None:
 
 async def _run(args: argparse.Namespace, folder: Path, resuming: bool, settings: dict[str, Any], models: Any,
                owned: list[Any], tools: list[Any], limits: Any, params: dict[str, Any],
-               progress: _Progress) -> BatchResult | None:
+               progress: _Progress, header: dict[str, Any]) -> BatchResult | None:
     drain = asyncio.Event()
     me = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -313,7 +345,10 @@ async def _run(args: argparse.Namespace, folder: Path, resuming: bool, settings:
                             retry_stops=settings.get("retry_stops") or (),
                             max_retries=settings.get("max_retries") if settings.get("max_retries") is not None else 1,
                             limits=limits, params=params, keep_workspaces=bool(settings.get("keep_workspaces")),
-                            on_start=progress.start, on_result=progress.result, settings=settings, drain=drain)
+                            on_start=progress.start, on_result=progress.result, settings=settings, drain=drain,
+                            prices=settings.get("prices"), header=header,
+                            backend=settings.get("backend") or "local", ray_address=settings.get("ray_address"),
+                            ray_workers=settings.get("ray_workers"))
     except asyncio.CancelledError:
         return None
     finally:

@@ -13,8 +13,10 @@ from rich.console import Console
 
 from .._json import dumps
 from .._printable import printable
-from ..drill import (DrillResult, DrillSetupError, Endpoint, ScenarioError, load_each, print_table,
-                     run_scenario, scripted_models, write_results)
+from ..drill import (DrillResult, DrillSetupError, Endpoint, ScenarioError, known_tool_names, load_each,
+                     print_table, run_scenario, scripted_models, write_results)
+from ..mcp import McpUsageError, open_from_args
+from ..mcp import add_flags as add_mcp_flags
 from ..drill._models import ModelFactory, http_pieces
 from ._common import DETAIL_CHARS, UsageError, stderr
 
@@ -38,6 +40,7 @@ def add_parser(sub: Any) -> None:
                    "instead of the scenario's replies (tools and workspace stay)")
     p.add_argument("--model", metavar="NAME", help="model name sent to --base-url "
                    "(default: LOOPFENCE_MODEL; the API key comes from LOOPFENCE_API_KEY or OPENAI_API_KEY)")
+    add_mcp_flags(p)  # started once; every scenario gets their tools (a scenario's own `mcp` servers too)
 
 
 def _models(args: argparse.Namespace) -> ModelFactory:
@@ -76,7 +79,7 @@ def _writable(out: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     models = _models(args)
     try:
-        scenarios = load_each(args.paths)
+        scenarios = load_each(args.paths, any_tool=bool(args.mcp or args.mcp_url))
     except ScenarioError as exc:  # a missing path or an empty folder: nothing to run or report
         raise UsageError(str(exc)) from None
     bad = [s for s in scenarios if isinstance(s, ScenarioError)]
@@ -86,12 +89,16 @@ def main(args: argparse.Namespace) -> int:
     _writable(out)
     table_console = _console(to_stderr=args.json)
     results = []
-    for scenario in scenarios:
-        row = DrillResult.bad_file(scenario) if isinstance(scenario, ScenarioError) else \
-            run_scenario(scenario, out, models)
-        results.append(row)
-        if args.json:
-            print(dumps(row.to_json()), file=sys.stdout, flush=True)
+    try:
+        with open_from_args(args, reserved=known_tool_names()) as mcp:
+            for scenario in scenarios:
+                row = DrillResult.bad_file(scenario) if isinstance(scenario, ScenarioError) else \
+                    run_scenario(scenario, out, models, extra_tools=mcp, header=mcp.header())
+                results.append(row)
+                if args.json:
+                    print(dumps(row.to_json()), file=sys.stdout, flush=True)
+    except McpUsageError as exc:
+        raise UsageError(str(exc)) from None
     print_table(results, table_console)
     try:
         path = write_results(out, results, [str(p) for p in args.paths])

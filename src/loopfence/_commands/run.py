@@ -22,7 +22,8 @@ from ..models import Model, ScriptedModel, ScriptError
 from ..runlog import RunLog
 from ..tools import workspace_tools
 from ..tools._manifest import snapshot_path
-from ._common import UsageError, default_log_path, limits_from_flags, live_printer, print_summary
+from ._common import (UsageError, default_log_path, limits_from_flags, live_printer, print_answer,
+                      print_summary)
 from ._toolspec import load_tools
 from .reconcile import reconcile_own_log
 
@@ -55,7 +56,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--on-bad-call", choices=["fail", "feedback"], default="fail",
                    help="stop on a malformed call (fail, default) or tell the model (feedback)")
-    p.add_argument("--quiet", action="store_true", help="no live step lines")
+    p.add_argument("--quiet", action="store_true", help="nothing on stderr but problems: no live step "
+                   "lines, no summary or token table, no reconcile line unless the log does not add up; the "
+                   "final answer still goes to stdout")
     p.add_argument("--tools", metavar="MODULE:ATTR", action="append", default=[],
                    help="custom Python tools (a Tool, a function or a list of them), next to the built-ins; "
                    "repeatable; recorded in the header as custom_tools")
@@ -98,7 +101,8 @@ def add_parser(sub: Any) -> None:
     http = p.add_argument_group("OpenAI-compatible endpoint (instead of --script or the embedded model)")
     http.add_argument("--base-url", metavar="URL",
                       help="e.g. http://127.0.0.1:8080/v1 (default: $LOOPFENCE_BASE_URL)")
-    http.add_argument("--model", metavar="NAME", help="model name sent (default: $LOOPFENCE_MODEL)")
+    http.add_argument("--model", metavar="NAME", help="model name sent to the endpoint (default: "
+                      "$LOOPFENCE_MODEL); needs --base-url or $LOOPFENCE_BASE_URL, as drill's --model does")
     http.add_argument("--api-key", metavar="KEY", help="bearer key (default: $LOOPFENCE_API_KEY, then "
                       "$OPENAI_API_KEY; prefer the variables: a flag shows in the process list)")
     http.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
@@ -111,6 +115,13 @@ def build_model(args: argparse.Namespace) -> Model:
     if sampling and (args.script or args.base_url or os.environ.get("LOOPFENCE_BASE_URL")):
         raise UsageError(f"{' and '.join(sampling)} set the embedded model's sampling; "
                          "they do not apply to --script or an endpoint")
+    endpoint = args.base_url or os.environ.get("LOOPFENCE_BASE_URL")
+    if args.model and (args.script or not endpoint):  # it would name no model that is asked: refused
+        raise UsageError("--model needs --base-url (or $LOOPFENCE_BASE_URL): it names the endpoint's model"
+                         + (", and --script gives the replies" if args.script else
+                            "; without an endpoint the embedded model runs"))
+    if args.script and args.base_url:
+        raise UsageError("--script and --base-url each give the model: pass one")
     if args.script:
         try:
             return ScriptedModel.from_file(args.script)
@@ -208,8 +219,11 @@ def main(args: argparse.Namespace) -> int:
                              header={**header, **mcp.header()})
         except McpUsageError as exc:
             raise UsageError(str(exc)) from None
-    print_summary(result)
-    reconciled = reconcile_own_log(result.log_path)  # the log must add up; say so
+    if args.quiet:
+        print_answer(result)
+    else:
+        print_summary(result)
+    reconciled = reconcile_own_log(result.log_path, quiet=args.quiet)  # the log must add up; say so
     if args.report and result.log_path:
         from .._report import write_run_report
 

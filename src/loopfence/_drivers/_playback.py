@@ -43,6 +43,7 @@ from ..tools._registry import Registry, Tool, ToolKind
 from ..runlog._events import CallEvent, Event, Header, LogError, ReplyEvent, RequestEvent, ResultEvent, StopEvent
 from ..runlog._reader import RunLogFile
 from ..runlog._rebuild import RecordedFn, compaction_of, gate_of, messages_of, policy_of
+from ..runlog._segments import bookkeeping_start, last_answer_index
 from ..runlog._writer import Abandoned, RunLog
 
 __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
@@ -136,9 +137,11 @@ def decisions(record: dict[str, Any]) -> dict[str, Any] | None:
     computed from the recording (fingerprints, usage, contents, the ledger: reconcile's other
     invariants check those). None, not compared on either side: an execution's logged intent
     (intent_before_execution checks that each execution has one) and the gate's `tainted` (an
-    input to the fold, which cannot see the workspace the live tools sniffed content in)."""
+    input to the fold, which cannot see the workspace the live tools sniffed content in), and a
+    guard's `note` (it decides nothing; a custom guard reconcile is not given cannot write it)."""
     kind = record.get("event")
-    if (kind == "call" and record.get("intent")) or (kind == "gate" and record.get("decision") == "tainted"):
+    if (kind == "call" and record.get("intent")) or (kind == "gate" and record.get("decision") == "tainted") \
+            or kind == "guard":
         return None
     picked = {k: record.get(k) for k in _DECIDED.get(str(kind), ())}
     out: dict[str, Any] = json.loads(dumps({"event": kind, **picked}))
@@ -171,7 +174,7 @@ class Recording:
         self.last_t = start_t
         self.last: Event | None = None
         self.stop = events[-1] if events and isinstance(events[-1], StopEvent) else None
-        self.last_answer_at = _last_answer_index(events)
+        self.last_answer_at = last_answer_index(events)
         self.settled = _settled_index(events)
 
     def peek(self) -> Event | None:
@@ -204,26 +207,11 @@ class Recording:
         return None
 
 
-def _last_answer_index(events: tuple[Event, ...]) -> int | None:
-    """Index of the first `last_answer` event: everything from there to the stop is the last answer's."""
-    return next((i for i, e in enumerate(events) if e.kind == "last_answer"), None)
-
-
 def _settled_index(events: tuple[Event, ...]) -> int:
-    """Index of the last event before the stop that is not the stop's bookkeeping: the calls the
-    stop left unrun get a refused `not_executed` call and result just before the stop, and a tool the
-    stop interrupted gets an `outcome_unknown` result; a last answer (Policy(last_answer=True)) comes
-    after those, from its first `last_answer` event to the stop."""
-    if not events or not isinstance(events[-1], StopEvent):
-        return len(events)
-    at = _last_answer_index(events)
-    i = len(events) - 2 if at is None else at - 1
-    while i >= 0 and events[i].kind in ("call", "result") and (
-            (events[i].raw.get("decision") == "refused" and
-             (events[i].raw.get("reason") == "not_executed" or events[i].raw.get("error") == "not_executed"))
-            or (events[i].kind == "result" and events[i].raw.get("error") == "outcome_unknown")):
-        i -= 1  # an outcome_unknown result right before the stop: the stop interrupted that tool
-    return i
+    """Index of the last event before the stop that is not the stop's bookkeeping (runlog/_segments);
+    len(events) when the events do not end with a stop."""
+    start = bookkeeping_start(events)
+    return start - 1 if start < len(events) else start
 
 
 class PlaybackLog(RunLog):

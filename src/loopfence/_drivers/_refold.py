@@ -71,6 +71,19 @@ class Refold:
 def refold(log: RunLogFile, guards: list[Guard] | None = None) -> Refold:
     """Fold a finished log through the ring with the guards it runs (plus `guards`, fresh ones, for
     a run that had extra guards). LogError when the header cannot be turned back into a run."""
+    verdict = _refold(log, guards)
+    stop = log.stop
+    if verdict.ok or stop is None or stop.reason != StopReason.GUARD:
+        return verdict
+    name = stop.data.get("guard")
+    if any(g.guard_name == name for g in guards or ()):
+        return verdict
+    return Refold(False, f"line {stop.line}: the log stops {stop.reason}, by the custom guard {name!r}, which "
+                  "this check was not given: pass a fresh one (`reconcile(path, guards=[...])`) to check that "
+                  f"stop (without it: {verdict.detail})", verdict.stop, verdict.decided)
+
+
+def _refold(log: RunLogFile, guards: list[Guard] | None) -> Refold:
     stop = log.stop
     if stop is None:
         return Refold(False, "the log does not end with its stop: there is no stop to fold to")

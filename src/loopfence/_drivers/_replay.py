@@ -55,6 +55,9 @@ class WorkspaceDiffers(LogError):
 
 @dataclass(frozen=True, slots=True)
 class ReplayReport:
+    """What a replay found: the recorded stop, the replayed run's result, and the first divergence
+    (or where a what-if replay left the log); `ok`, `same_stop` and `lines()` say it."""
+
     path: str
     recorded: StopEvent
     replayed: RunResult | None  # None when the replay was cut short
@@ -112,7 +115,9 @@ def replay(path: str | Path | RunLogFile, *, limits: Mapping[str, Any] | None = 
            workspace_as_is: bool = False) -> ReplayReport:
     """Replay a finished run log. Raises LogError for a log that cannot be replayed (WorkspaceDiffers
     when --execute-tools finds the workspace is not the recorded start; see the module doc).
-    `workspace`: the folder to copy for execute_tools (default: the header's)."""
+    `workspace`: the folder to copy for execute_tools (default: the header's). `tools`: tools that run
+    for real, their results compared with the recorded ones (custom tools, MCP tools), each where the
+    header records a tool of its name, schema and kind; with execute_tools, next to the built-ins."""
     log = path if isinstance(path, RunLogFile) else read_log(path)
     h = log.header
     recorded = log.stop
@@ -124,8 +129,10 @@ def replay(path: str | Path | RunLogFile, *, limits: Mapping[str, Any] | None = 
     live_tools = list(tools)
     workdir = None
     notes: tuple[str, ...] = ()
-    if execute_tools and not live_tools:
-        workdir, live_tools, notes = _workspace_tools(log, workspace, workspace_as_is)
+    if execute_tools:  # the built-ins too; a tool given in `tools` wins over the built-in of its name
+        workdir, builtins, notes = _workspace_tools(log, workspace, workspace_as_is)
+        given = {t.name for t in live_tools}
+        live_tools = [*live_tools, *(t for t in builtins if t.name not in given)]
     try:
         registry = registry_of(h, [t for t in live_tools if _same_schema(h, t)], gated_names(log.events))
         real = any(any(t is x for x in live_tools) for t in registry)

@@ -9,18 +9,23 @@ real tools, the clock continuing from the last recorded time, new events appende
 
 A side-effecting call whose intent was the last thing logged is not run again: the model receives
 an `outcome_unknown` result for it. A read-only or poll call in that position runs again.
+
+A run that ended `endpoint_error` or `cancelled` can go on too (an outage, a Ctrl-C): the stop and
+its bookkeeping are played back as if they were not there, and the run continues after them, maybe
+with another endpoint or model and other limits (`overrides`), as a new segment of the same log.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._guards import Guard, default_guards
 from .._loop import drive, new_state
+from .._limits import Limits
 from .._stops import RunResult
 from ..models._base import Model
 from ..tools._executor import Executor
@@ -31,9 +36,10 @@ from ._playback import (Diverged, PlaybackApproval, PlaybackExecutor, PlaybackLo
 from ..runlog._reader import RunLogFile, read_log
 from ..runlog._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
                        model_of, policy_of, workspace_tools_of)
+from ..runlog._segments import REOPENABLE, bookkeeping_start
 from ..runlog._writer import RunLog
 
-__all__ = ["resume", "ResumeOutcome", "ResumeError"]
+__all__ = ["resume", "ResumeOutcome", "ResumeError", "recorded_workspace_tools"]
 
 
 class ResumeError(LogError):
@@ -42,19 +48,25 @@ class ResumeError(LogError):
 
 @dataclass(frozen=True, slots=True)
 class ResumeOutcome:
+    """What a resume did: nothing for a run that had ended (`ended`), else the resumed run's result,
+    where the log was resumed and which calls were answered outcome_unknown; `lines()` says it."""
+
     path: str
     ended: StopEvent | None  # the run had already ended: nothing was done
     result: RunResult | None  # the resumed run's result
     resumed_after: int  # last complete line of the log as found
     torn_bytes: int  # bytes of an incomplete last line that were cut off
     outcome_unknown: tuple[str, ...]  # tool_call_ids answered with outcome_unknown
+    reopened: StopEvent | None = None  # the endpoint_error/cancelled stop the run went on past
 
     def lines(self) -> list[str]:
         if self.ended is not None:
             return [f"the run already ended at line {self.ended.line}: {self.ended.reason} "
                     f"({self.ended.verdict}); nothing to resume"]
         assert self.result is not None
+        went_on = self.reopened
         out = [f"resumed after line {self.resumed_after}"
+               + (f", past its {went_on.reason} stop at line {went_on.line}" if went_on is not None else "")
                + (f" (an incomplete last line of {self.torn_bytes} bytes was cut off)" if self.torn_bytes
                   else "")]
         if self.outcome_unknown:
@@ -65,31 +77,47 @@ class ResumeOutcome:
 
 
 def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool] | None = None,
-           workspace: str | Path | None = None, guards: list[Guard] | None = None,
-           executor: Executor | None = None,
-           listener: Callable[[dict[str, Any]], None] | None = None) -> ResumeOutcome:
+           extra_tools: Iterable[Tool] = (), workspace: str | Path | None = None, guards: list[Guard] | None = None,
+           executor: Executor | None = None, listener: Callable[[dict[str, Any]], None] | None = None,
+           limits: Mapping[str, Any] | None = None, reopen: bool = True) -> ResumeOutcome:
     """Continue the run logged at `path`. `tools` default to the built-in workspace tools over
-    `workspace` (default: the recorded one, with the recorded sandbox and untrusted globs); `model`
-    defaults to one rebuilt from the header's model settings."""
+    `workspace` (default: the recorded one, with the recorded sandbox and untrusted globs), and
+    `extra_tools` (custom or MCP tools) go next to them; `model` defaults to one rebuilt from the
+    header's model settings.
+
+    reopen: a run that ended `endpoint_error` or `cancelled` goes on past that stop (a new segment
+      in the same log, after a `resume` event that names the stop's line; runlog/_segments); any
+      other stop means the run is over (`ended`).
+    limits: limit overrides by name (`{"max_steps": 20}`, values as `Limits` takes them), recorded in
+      the resume event's `overrides` so replay, reconcile and the next resume apply them too; a
+      given `model` is recorded there as well. The recorded part must still play back under them."""
     p = str(path)
     log = read_log(p, tolerant=True)
-    last_line = len(log.events) + 1
+    last_line = len(log.events) + len(log.reopened) + 1
+    events = log.events
+    reopened = None
     if log.stop is not None:
-        return ResumeOutcome(p, log.stop, None, last_line, 0, ())
+        if not reopen or log.stop.reason not in REOPENABLE:
+            return ResumeOutcome(p, log.stop, None, last_line, 0, ())
+        reopened = log.stop
+        events = events[:bookkeeping_start(events)]
     h = log.header
     try:
-        registry = check_tools(h, p, _workspace_tools(log, workspace) if tools is None else tools)
+        registry = check_tools(h, p, [*(recorded_workspace_tools(log, workspace) if tools is None else tools),
+                                      *extra_tools])
+        live_model = model or model_of(h, sum(e.kind == "reply" for e in events))
+        state_limits = limits_of(h, p, limits)
     except LogError as exc:
         raise ResumeError(exc.path, exc.line, exc.message) from None
-    try:
-        live_model = model or model_of(h, len(log.of("reply")))
     except ValueError as exc:
         raise ResumeError(p, h.line, str(exc)) from None
     if log.torn_bytes:
         os.truncate(p, log.complete_bytes)
-    state = new_state(registry, limits_of(h, p), policy_of(h, p), h.params, messages_of(h),
-                      compaction_of(h, p))
+    state = new_state(registry, state_limits, policy_of(h, p), h.params, messages_of(h), compaction_of(h, p))
     priced(state, h, p)  # the cost budget goes on at the recorded prices
+    state.run_id = h.run_id  # the same run: its requests carry the same id (a FakeServer's own sequence)
+    overrides = _overrides(state_limits, limits, live_model if model is not None else None)
+    rec = Recording(events, h.t)
 
     def go_live(plog: PlaybackLog) -> RunLog:
         live = RunLog(p, append=True, seq=log.next_seq, t0=state.t0, listener=listener)
@@ -100,13 +128,17 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
             side = t is None or t.kind is ToolKind.SIDE_EFFECT
             pending = {"tool_call_id": intent.tool_call_id, "name": intent.name, "line": intent.line,
                        "action": "outcome_unknown: not run again" if side else "run again (no side effects)"}
-        describe = getattr(live_model, "describe", None)
+        extra: dict[str, Any] = {}
+        if reopened is not None:
+            extra["reopened"] = {"line": reopened.line, "reason": str(reopened.reason)}
+        if overrides:
+            extra["overrides"] = overrides
         live.write("resume", after_line=last_line, elapsed_s=round(plog.rec.last_t, 6),
                    step=state.ledger.model_requests, torn_bytes=log.torn_bytes, pending_intent=pending,
-                   model=describe() if callable(describe) else {"kind": type(live_model).__name__})
+                   model=_describe(live_model), **extra)
         return live
 
-    plog = PlaybackLog(Recording(log.events, h.t), state, go_live=go_live)
+    plog = PlaybackLog(rec, state, go_live=go_live)
     gate = gate_of(h, p, PlaybackApproval(plog, live_approval(h)))
     runner = PlaybackExecutor(plog, executor or Executor())
     try:
@@ -118,10 +150,26 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
                           + d.describe()) from None
     except PlaybackSignal as exc:
         raise ResumeError(p, last_line, f"cannot resume: {exc}") from None
-    return ResumeOutcome(p, None, result, last_line, log.torn_bytes, tuple(runner.unknown))
+    return ResumeOutcome(p, None, result, last_line, log.torn_bytes, tuple(runner.unknown), reopened)
 
 
-def _workspace_tools(log: RunLogFile, root: str | Path | None) -> list[Tool]:
+def _describe(model: Any) -> dict[str, Any]:
+    describe = getattr(model, "describe", None)
+    return describe() if callable(describe) else {"kind": type(model).__name__}
+
+
+def _overrides(limits: Limits, changed: Mapping[str, Any] | None, model: Model | None) -> dict[str, Any]:
+    """The resume event's `overrides`: the limits changed (as the header writes limits) and the model."""
+    out: dict[str, Any] = {}
+    if changed:
+        as_json = limits.to_json()
+        out["limits"] = {name: as_json[name] for name in changed}
+    if model is not None:
+        out["model"] = _describe(model)
+    return out
+
+
+def recorded_workspace_tools(log: RunLogFile, root: str | Path | None) -> list[Tool]:
     where = str(root) if root is not None else log.header.workspace
     if where and not Path(where).is_dir():
         raise ResumeError(log.path, log.header.line, f"the workspace {where} is not a folder here")

@@ -13,6 +13,9 @@ __all__ = ["CallRecord", "calls_from_events"]
 
 @dataclass(frozen=True, slots=True)
 class CallRecord:
+    """One call of a drill run as the decision table shows it: the tool, its arguments, what the
+    fence decided (executed, reused, refused, rejected) and the result."""
+
     name: str
     arguments: Any  # bound arguments when the call was checked; else the parsed (or raw) arguments
     decision: str  # executed | reused | refused | rejected

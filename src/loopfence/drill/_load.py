@@ -14,14 +14,16 @@ from .._limits import Limits, Policy
 from ..tools import workspace_tools
 from ._fields import Fields
 from ._parts import parse_canned, parse_expect, parse_replies
-from ._scenario import Scenario, ScenarioError
+from ..mcp import McpServer
+from ..tools._registry import ToolKind
+from ._scenario import Scenario, ScenarioError, ScenarioMcp
 from ._stubs import STUB_NAMES
 
 __all__ = ["load_scenario", "load_scenarios", "load_each", "find_scenario_files", "builtin_tool_names",
            "known_tool_names", "SCENARIO_KEYS"]
 
 SCENARIO_KEYS = ("name", "description", "task", "system", "workspace", "symlinks", "tools",
-                 "canned_tools", "limits", "policy", "params", "stream", "replies", "expect")
+                 "canned_tools", "limits", "policy", "params", "stream", "replies", "expect", "mcp")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -33,6 +35,7 @@ def builtin_tool_names() -> tuple[str, ...]:
 
 
 def known_tool_names() -> tuple[str, ...]:
+    """The tool names a scenario may list: the built-in workspace tools and the drill's stub tools."""
     return (*builtin_tool_names(), *STUB_NAMES)
 
 
@@ -63,15 +66,16 @@ def load_scenarios(paths: list[str | Path]) -> list[Scenario]:
     return scenarios
 
 
-def load_each(paths: list[str | Path]) -> list[Scenario | ScenarioError]:
+def load_each(paths: list[str | Path], *, any_tool: bool = False) -> list[Scenario | ScenarioError]:
     """Every file under `paths`, in order: its scenario, or the ScenarioError that names the file and
     the field (a name already used by an earlier file is one too), so one bad file does not stop the
-    others. A missing path or an empty folder still raises (there is no file to report)."""
+    others. A missing path or an empty folder still raises (there is no file to report). `any_tool`:
+    expected calls may name tools the files do not list (`loopfence drill --mcp` brings more)."""
     out: list[Scenario | ScenarioError] = []
     seen: dict[str, str] = {}
     for p in find_scenario_files(paths):
         try:
-            s = load_scenario(p)
+            s = load_scenario(p, any_tool=any_tool)
             if s.name in seen:
                 raise ScenarioError(p, "name", f"{s.name!r} is already used by {seen[s.name]}")
         except ScenarioError as exc:
@@ -82,7 +86,9 @@ def load_each(paths: list[str | Path]) -> list[Scenario | ScenarioError]:
     return out
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path, *, any_tool: bool = False) -> Scenario:
+    """Read and check one scenario file; ScenarioError names the file and the field. `any_tool`:
+    accept tool names beyond the built-ins and the stubs."""
     p = Path(path)
     try:
         text = read_bounded(p, MAX_INPUT_BYTES, "scenario file").decode("utf-8")
@@ -98,10 +104,10 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(p, "", f"JSON over a limit: {exc.msg}") from None
     except json.JSONDecodeError as exc:
         raise ScenarioError(p, "", f"line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg}") from None
-    return parse_scenario(data, str(p))
+    return parse_scenario(data, str(p), any_tool=any_tool)
 
 
-def parse_scenario(data: Any, file: str) -> Scenario:
+def parse_scenario(data: Any, file: str, *, any_tool: bool = False) -> Scenario:
     f = Fields.of(file, "", data)
     f.only(SCENARIO_KEYS)
     name = f.string("name", required=True) or ""
@@ -124,14 +130,41 @@ def parse_scenario(data: Any, file: str) -> Scenario:
         canned.append(parse_canned(Fields.of(file, f"canned_tools.{cname}", spec), cname))
     expect_f = f.obj("expect")
     workspace = _paths(f, "workspace")
+    mcp = _mcp(f)
+    enabled = None if mcp is not None or any_tool else set(tools) | {c.name for c in canned}
     return Scenario(
         name=name, task=f.string("task", required=True) or "", replies=parse_replies(f), file=file,
         description=f.string("description", "") or "", system=f.string("system"),
         workspace=workspace, symlinks=_links(f, workspace), tools=tuple(tools),
         canned_tools=tuple(canned), limits=_limits(f), policy=_policy(f), params=_params(f),
         stream=f.boolean("stream", False),
-        expect=parse_expect(expect_f, set(tools) | {c.name for c in canned}) if expect_f else None,
+        expect=parse_expect(expect_f, enabled) if expect_f else None, mcp=mcp,
     )
+
+
+MCP_KEYS = ("servers", "trust", "kinds")
+
+
+def _mcp(f: Fields) -> ScenarioMcp | None:
+    sub = f.obj("mcp")
+    if sub is None:
+        return None
+    sub.only(MCP_KEYS)
+    servers = sub.strings("servers")
+    if not servers:
+        sub.fail("servers", "name at least one MCP server ('[NAME=]COMMAND ARGS' or '[NAME=]http(s)://URL')")
+    for i, text in enumerate(servers):
+        try:
+            McpServer.parse(text)
+        except ValueError as exc:
+            sub.fail(f"servers[{i}]", str(exc))
+    raw_trust = sub.data.get("trust", False)
+    trust: bool | tuple[str, ...] = raw_trust if isinstance(raw_trust, bool) else tuple(sub.strings("trust"))
+    kinds = sub.string_map("kinds")
+    for name, kind in kinds.items():
+        if kind not in {str(k) for k in ToolKind}:
+            sub.fail(f"kinds.{name}", f"unknown kind {kind!r} (known: {', '.join(str(k) for k in ToolKind)})")
+    return ScenarioMcp(tuple(servers), trust, kinds)
 
 
 def _relative(f: Fields, key: str, rel: str) -> None:

@@ -41,6 +41,8 @@ def http_pieces(server: bool = True) -> tuple[Any, Any]:
 
 @contextmanager
 def scripted_models(scenario: Scenario) -> Iterator[Model]:
+    """The model a scenario's replies make: a ScriptedModel, or (for HTTP forms: chunks, faults) an
+    OpenAIModel against a FakeServer serving them, closed after the run."""
     if not scenario.needs_http:
         yield ScriptedModel(list(scenario.replies))
         return

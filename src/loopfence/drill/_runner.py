@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 from .._loop import run
 from .._stops import RunResult
 from ..runlog import RunLog
-from ..tools import ArgumentError, Registry
+from ..tools import ArgumentError, Registry, Tool
 from ._calls import CallRecord, calls_from_events
 from ._expect import Observed, mismatches
 from ._models import DrillSetupError, ModelFactory, scripted_models
@@ -73,9 +75,11 @@ class DrillResult:
 _COUNTS = ("model_requests", "tool_calls", "tool_executions", "reused", "refused", "rejected")
 
 
-def run_scenario(scenario: Scenario, out_dir: str | Path,
-                 models: ModelFactory = scripted_models) -> DrillResult:
-    """Run one scenario; its log goes to `out_dir/<name>.jsonl`. Never raises for a run's outcome."""
+def run_scenario(scenario: Scenario, out_dir: str | Path, models: ModelFactory = scripted_models,
+                 extra_tools: Iterable[Tool] = (), header: dict[str, Any] | None = None) -> DrillResult:
+    """Run one scenario; its log goes to `out_dir/<name>.jsonl`. Never raises for a run's outcome.
+    `extra_tools` (e.g. the `--mcp` servers' tools) go next to the scenario's own, `header` into the
+    log's header; the scenario's own MCP servers (`mcp`) start for it and stop after it."""
     log_path = Path(out_dir) / f"{scenario.name}.jsonl"
     expected = str(scenario.expect.stop) if scenario.expect and scenario.expect.stop else None
     events: list[dict[str, Any]] = []
@@ -84,13 +88,14 @@ def run_scenario(scenario: Scenario, out_dir: str | Path,
         root = Path(tmp).resolve()
         try:
             make_workspace(root, scenario)
-            registry = scenario_tools(scenario, root)
-            with models(scenario) as model:
+            own = [*scenario_tools(scenario, root), *extra_tools]
+            with models(scenario) as model, _servers(scenario, [t.name for t in own]) as mcp:
+                registry = Registry([*own, *mcp])
                 result = run(scenario.task, model=model, tools=registry, limits=scenario.limits,
                              policy=scenario.policy, system=scenario.system, params=scenario.params,
                              log=RunLog(log_path, listener=events.append),
-                             header={"workspace": str(root), "drill": {"scenario": scenario.name,
-                                                                      "file": scenario.file}})
+                             header={**(header or {}), **_merged_mcp(header, mcp), "workspace": str(root),
+                                     "drill": {"scenario": scenario.name, "file": scenario.file}})
         except Exception as exc:  # noqa: BLE001 - a scenario that cannot run is a failed row
             why = str(exc) if isinstance(exc, (DrillSetupError, OSError)) else f"{type(exc).__name__}: {exc}"
             return DrillResult(scenario.name, scenario.file, expected, None, None, why,
@@ -99,6 +104,36 @@ def run_scenario(scenario: Scenario, out_dir: str | Path,
         expect = scenario.expect
         existing = frozenset(p for p in (expect.files_exist if expect else ()) if (root / p).exists())
     return _row(scenario, expected, result, calls_from_events(events), existing, registry, log_path)
+
+
+@contextmanager
+def _servers(scenario: Scenario, reserved: list[str]) -> Iterator[Any]:
+    """The scenario's own MCP servers, open for its run (no tools when it names none)."""
+    spec = scenario.mcp
+    if spec is None:
+        yield ()
+        return
+    from ..mcp import McpServer, mcp_tools
+
+    folder = str(Path(scenario.file).resolve().parent) if scenario.file != "<memory>" else None
+    group = mcp_tools(*(McpServer.parse(text, cwd=folder) for text in spec.servers),  # cwd: stdio only
+                      trust_annotations=spec.trust, kinds=spec.kinds, reserved=reserved)
+    try:
+        group.open()
+    except Exception as exc:  # noqa: BLE001 - a server that does not start fails this row only
+        raise DrillSetupError(f"mcp: {type(exc).__name__}: {exc}") from None
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def _merged_mcp(header: dict[str, Any] | None, mcp: Any) -> dict[str, Any]:
+    """One `mcp.servers` list in the header: the --mcp servers' and the scenario's own."""
+    own = mcp.header() if hasattr(mcp, "header") else {}
+    given = (header or {}).get("mcp", {}).get("servers", [])
+    servers = [*given, *own.get("mcp", {}).get("servers", [])]
+    return {"mcp": {"servers": servers}} if servers else {}
 
 
 def _row(scenario: Scenario, expected: str | None, result: RunResult, calls: list[CallRecord],

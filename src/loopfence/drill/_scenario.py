@@ -13,7 +13,7 @@ from .._limits import Limits, Policy
 from .._stops import StopReason, Verdict
 from ..tools._registry import ToolKind
 
-__all__ = ["Scenario", "CannedTool", "Expect", "ExpectedCall", "ScenarioError", "reply_form",
+__all__ = ["Scenario", "CannedTool", "Expect", "ExpectedCall", "ScenarioError", "ScenarioMcp", "reply_form",
            "HTTP_FORMS"]
 
 HTTP_FORMS = ("fault", "chunks", "sse", "status")  # reply forms only the HTTP path can serve
@@ -77,7 +77,21 @@ class Expect:
 
 
 @dataclass(frozen=True, slots=True)
+class ScenarioMcp:
+    """MCP servers whose tools the scenario gets too (loopfence[mcp]): `[NAME=]COMMAND ARGS` (stdio,
+    started in the scenario file's folder) or `[NAME=]http(s)://URL`; `trust`: True or the names of
+    the servers whose annotations are trusted; `kinds`: a tool's kind by its name."""
+
+    servers: tuple[str, ...]
+    trust: bool | tuple[str, ...] = False
+    kinds: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
+    """One drill scenario file, checked: the task, the scripted replies, the tools, the workspace
+    files, the limits and policy, and what the run is expected to end with (docs/DRILL.md)."""
+
     name: str
     task: str
     replies: tuple[dict[str, Any], ...]
@@ -93,6 +107,7 @@ class Scenario:
     params: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
     expect: Expect | None = None
+    mcp: ScenarioMcp | None = None
 
     @property
     def needs_http(self) -> bool:

@@ -29,6 +29,7 @@ def _mark(r: DrillResult) -> str:
 
 
 def decision_table(results: Sequence[DrillResult]) -> Table:
+    """The decision table (expected and actual stop, requests, executions, reuses, tokens, pass)."""
     table = Table(title="loopfence drill")
     table.add_column("scenario", overflow="fold")
     table.add_column("expected stop", overflow="fold")
@@ -44,6 +45,7 @@ def decision_table(results: Sequence[DrillResult]) -> Table:
 
 
 def print_table(results: Sequence[DrillResult], console: Console) -> None:
+    """Print the decision table, then each failed scenario's mismatches."""
     console.print(decision_table(results))
     for r in results:
         for problem in r.mismatches:
@@ -55,6 +57,7 @@ def print_table(results: Sequence[DrillResult], console: Console) -> None:
 
 
 def write_results(out_dir: Path, results: Sequence[DrillResult], paths: Sequence[str]) -> Path:
+    """Write `results.json` (every scenario's row, and whether all passed) to `out_dir`; its path."""
     doc: dict[str, Any] = {
         "format": RESULTS_FORMAT, "version": 1, "written_at": datetime.now(timezone.utc).isoformat(),
         "paths": list(paths), "passed": not any(r.failed for r in results),

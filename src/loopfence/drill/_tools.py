@@ -31,6 +31,7 @@ def make_workspace(root: Path, scenario: Scenario) -> None:
 
 
 def scenario_tools(scenario: Scenario, root: Path) -> Registry:
+    """The scenario's tools over the workspace at `root`: the built-ins it names and the stub tools."""
     builtin = [n for n in scenario.tools if n not in STUB_NAMES]
     stubs = [n for n in scenario.tools if n in STUB_NAMES]
     made = (workspace_tools(root, names=builtin) if builtin else []) + \

@@ -80,6 +80,14 @@ def success_text(result: Any) -> McpText:
     return McpText(text, structured)
 
 
+def _fits_fast(validator: Any, value: Any) -> bool:
+    """The common case without building an error message; anything unusual goes the long way."""
+    try:
+        return bool(validator.is_valid(value))
+    except Exception:  # noqa: BLE001 - e.g. a $ref that does not resolve: schema_problem names it
+        return False
+
+
 def output_model(tool_name: str, schema: dict[str, Any]) -> type[BaseModel]:
     """A result model checking an MCP result's structuredContent against the tool's outputSchema.
     Error results (dicts with ok false) are not checked: they carry no structured content."""
@@ -98,7 +106,8 @@ def output_model(tool_name: str, schema: dict[str, Any]) -> type[BaseModel]:
                 raise ValueError(f"the server's outputSchema is not valid JSON Schema: {broken}")
             if value.structured is _ABSENT:
                 raise ValueError("the tool declares an outputSchema but returned no structuredContent")
-            problem = schema_problem(validator, value.structured, "structuredContent")
+            problem = None if _fits_fast(validator, value.structured) else \
+                schema_problem(validator, value.structured, "structuredContent")
             if problem:
                 raise ValueError(problem)
             return self

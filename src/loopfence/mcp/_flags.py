@@ -7,6 +7,11 @@
 `open_from_args` yields an open group (an empty one without --mcp/--mcp-url: no tools, header {}),
 and raises McpUsageError (a ValueError: the command's usage error, exit 2) for a flag that does not
 parse, a server that does not start (naming it and its stderr tail) or a missing SDK.
+
+Server start-up counts against the run's wall clock: the servers get at most `--limit
+max_wall_seconds` (its default when not given) to start and list their tools, whatever
+--mcp-timeout says, and a server that takes longer is named with both numbers. (The run's own
+clock starts when its log is opened, before the servers start; see the header's `mcp.startup_s`.)
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from .._limits import Limits, parse_limit
 from ._host import McpServerError
 from ._spec import McpServer
 from ._tools import DEFAULT_CONNECT_TIMEOUT_S, McpTools, McpUnavailable
 
 __all__ = ["McpUsageError", "add_flags", "open_from_args", "parse_header", "parse_kind", "tools_from_args",
-           "tools_from_flags"]
+           "tools_from_flags", "wall_limit"]
 
 
 class McpUsageError(ValueError):
@@ -31,11 +37,22 @@ class McpUsageError(ValueError):
 @contextmanager
 def open_from_args(args: argparse.Namespace, *, reserved: Collection[str] = ()) -> Iterator[McpTools]:
     """The servers the parsed flags name, open for the block and closed after it, whatever ends it."""
+    bounded, wall = False, None
     try:
         named = tools_from_args(args, reserved=reserved)
         group = McpTools([]) if named is None else named  # (a group is falsy until it has tools)
+        wall = wall_limit(args)
+        bounded = wall is not None and (group.connect_timeout_s is None or wall < group.connect_timeout_s)
+        if bounded:
+            group.connect_timeout_s = wall
         group.open()
-    except (ValueError, McpServerError, McpUnavailable) as exc:
+    except McpServerError as exc:
+        if bounded and "no answer" in exc.detail:
+            exc = McpServerError(exc.server, f"{exc.detail} (max_wall_seconds={wall:g}, under --mcp-timeout "
+                                 f"{getattr(args, 'mcp_timeout', DEFAULT_CONNECT_TIMEOUT_S):g}s: server start-up "
+                                 "counts against the run's wall clock)", exc.stderr)
+        raise McpUsageError(str(exc)) from None
+    except (ValueError, McpUnavailable) as exc:
         raise McpUsageError(str(exc)) from None
     try:
         yield group
@@ -43,7 +60,23 @@ def open_from_args(args: argparse.Namespace, *, reserved: Collection[str] = ()) 
         group.close()
 
 
+def wall_limit(args: argparse.Namespace) -> float | None:
+    """The run's max_wall_seconds as the command's --limit flags set it (the last one wins), else
+    its default; a flag that does not parse is left to the command to report."""
+    wall = Limits().max_wall_seconds
+    for text in getattr(args, "limit", None) or []:
+        try:
+            name, value = parse_limit(text)
+        except ValueError:
+            continue
+        if name == "max_wall_seconds":
+            wall = value
+    return wall
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the MCP flags (`--mcp`, `--mcp-url`, `--mcp-header`, `--mcp-trust`, `--mcp-kind`) to a
+    command's parser; `open_from_args` opens what they name."""
     g = parser.add_argument_group("MCP servers (needs loopfence[mcp])")
     g.add_argument("--mcp", action="append", metavar="'[NAME=]CMD ARGS'",
                    help="start an MCP server over stdio (the command as one string, split like a shell "
@@ -59,7 +92,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mcp-kind", action="append", metavar="TOOL=KIND",
                    help="override an MCP tool's kind (read_only, side_effect, poll); repeatable")
     g.add_argument("--mcp-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="SECONDS",
-                   help=f"how long a server may take to start and list its tools (default {DEFAULT_CONNECT_TIMEOUT_S:g})")
+                   help=f"how long a server may take to start and list its tools (default {DEFAULT_CONNECT_TIMEOUT_S:g}; "
+                        "never more than --limit max_wall_seconds: start-up counts against the run's wall clock)")
 
 
 def tools_from_args(args: argparse.Namespace, *, reserved: Collection[str] = ()) -> McpTools | None:

@@ -89,6 +89,8 @@ def hints(annotations: Any) -> dict[str, bool]:
 
 
 def classify(annotations: Any, trusted: bool, override: Override | None = None) -> Classified:
+    """An MCP tool's kind, privilege and trust from its annotations (only when the server is `trusted`;
+    otherwise side_effect, privileged, untrusted), then `override`; `why` says which decided."""
     seen = hints(annotations)
     if not trusted:
         kind, privileged, untrusted = ToolKind.SIDE_EFFECT, True, True

@@ -18,19 +18,21 @@ import asyncio
 import concurrent.futures
 import hashlib
 import re
+import threading
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..tools._registry import Tool, ToolKind
 from ._content import output_model, result_text, success_text
-from ._host import Connection, Host, open_all
+from ._host import Connection, Host, LoopHost, open_all
 from ._kinds import Classified, classify, parse_override
 from ._spec import McpServer, as_server
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "McpTools", "McpUnavailable", "mcp_tools"]
 
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
+STALL_S = 10.0  # a call hopping to an `async with` group's loop that does not take it within this is refused
 _NAME_OK = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_NAME = 64  # what OpenAI-compatible endpoints accept for a function name
 
@@ -74,7 +76,7 @@ class McpTools:
         self.tools: tuple[Tool, ...] = ()
         self.server_names: list[str] = []
         self._conns: list[Connection] = []
-        self._host: Host | None = None
+        self._host: Host | LoopHost | None = None
         self._life: concurrent.futures.Future[None] | None = None
         self._closing: asyncio.Event | None = None
         self._state = "new"  # new -> open -> closed
@@ -91,8 +93,9 @@ class McpTools:
 
     def header(self) -> dict[str, Any]:
         """For `run(..., header=...)`: the servers (no header or env values, no URL query or
-        password), their own names and versions, the protocol, the trust, and the tool names each
-        one serves (each tool's kind and why are in the header's `tool_info`). Empty without servers."""
+        password), their own names and versions, the protocol, how long each took to start and list
+        its tools (`startup_s`), the trust, and the tool names each one serves (each tool's kind and
+        why are in the header's `tool_info`). Empty without servers."""
         if not self.specs:
             return {}
         servers = []
@@ -102,6 +105,7 @@ class McpTools:
                             "server_info": {"name": getattr(info, "name", None),
                                             "version": getattr(info, "version", None)},
                             "protocol_version": getattr(conn.init, "protocol_version", None),
+                            "startup_s": conn.startup_s,
                             "trust_annotations": self._trusted(name, conn.spec),
                             "tools": {t.name: t.info["mcp"]["tool"] for t in self.tools
                                       if t.info["mcp"]["server"] == name}})
@@ -119,8 +123,9 @@ class McpTools:
         return self._built()
 
     async def aopen(self) -> McpTools:
-        """`open()` for a running event loop (it waits without blocking the loop)."""
-        opened = self._start()
+        """`open()` for a running event loop (it waits without blocking the loop). The sessions live
+        on this loop: calls awaited here (`arun()`, `abatch()`) reach them without a thread hop."""
+        opened = self._start(LoopHost(asyncio.get_running_loop()))
         try:
             await asyncio.wrap_future(opened)
         except BaseException:
@@ -148,7 +153,7 @@ class McpTools:
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    def _start(self) -> concurrent.futures.Future[None]:
+    def _start(self, host: Host | LoopHost | None = None) -> concurrent.futures.Future[None]:
         if self._state != "new":
             raise RuntimeError(f"this mcp_tools() group is already {self._state}; make a new one")
         self._state = "open"
@@ -158,7 +163,7 @@ class McpTools:
             return opened
         _require_sdk()
         self._conns = [Connection(s, self.connect_timeout_s) for s in self.specs]
-        self._host = host = Host()
+        self._host = host = host or Host()
         self._life = host.submit(self._lifetime(opened))
         self._life.add_done_callback(lambda _: host.stop(timeout_s=0))  # the host ends with the sessions
         return opened
@@ -194,7 +199,7 @@ class McpTools:
                 host.loop.call_soon_threadsafe(_cancel_all, host.loop)
         except RuntimeError:  # the host loop is already closed
             return
-        if wait:
+        if wait and not host.on_own_thread():  # (a sync close() on the group's own loop: signalled only)
             try:
                 life.result(timeout=45.0)
             except BaseException:  # noqa: BLE001, S110 - closing never raises; the open already reported
@@ -272,7 +277,10 @@ class McpTools:
         try:
             if host is None or self._state != "open":
                 raise RuntimeError("closed")
-            answer = await asyncio.wrap_future(host.submit(conn.call(name, arguments)))
+            if host.on_own_thread():  # `async with` on this loop: the session is right here
+                answer = await conn.call(name, arguments)
+            else:
+                answer = await _hop(host, conn, name, arguments)
         except RuntimeError:
             answer = {"ok": False, "error": "server_error", "message": "the MCP session is closed: the tool was "
                       "called outside `with mcp_tools(...)` (or after close())"}
@@ -293,6 +301,32 @@ class McpTools:
             text = result_text(answer.content) or "the tool reported an error and gave no text"
             return {"ok": False, "error": "tool_error", "server": server, "tool": name, "message": text}
         return success_text(answer)
+
+
+async def _hop(host: Host | LoopHost, conn: Connection, name: str, arguments: dict[str, Any]) -> Any:
+    """The call on the host loop, awaited from another loop. An `async with` group's loop that does
+    not take the call within STALL_S is blocked (a sync run() inside it waits on this very call):
+    the call is withdrawn and answered with an error instead of waiting out the run's timeouts."""
+    taken = threading.Event()
+
+    async def call() -> Any:
+        taken.set()
+        return await conn.call(name, arguments)
+
+    waiter = asyncio.wrap_future(host.submit(call()))
+    try:
+        if isinstance(host, LoopHost):
+            await asyncio.wait({waiter}, timeout=STALL_S)
+            if not waiter.done() and not taken.is_set():
+                waiter.cancel()
+                return {"ok": False, "error": "mcp_error", "message": (
+                    f"not sent: the event loop holding this MCP session (opened with `async with`) did not take "
+                    f"the call within {STALL_S:g}s; a sync run() inside that loop blocks it: use arun() there, "
+                    "or open the group with `with`")}
+        return await waiter
+    except asyncio.CancelledError:
+        waiter.cancel()
+        raise
 
 
 class McpUnavailable(ImportError):

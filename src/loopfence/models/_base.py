@@ -44,6 +44,9 @@ def report_retry(attempt: int, status: int | None, wait_s: float, reason: str) -
 
 @runtime_checkable
 class Model(Protocol):
+    """A model adapter: `complete(request) -> Reply` and `describe()`; optional async and token
+    counting methods are found by name (this module's docstring)."""
+
     def complete(self, request: Request) -> Reply: ...
 
     def describe(self) -> dict[str, Any]:

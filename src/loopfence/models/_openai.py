@@ -26,6 +26,10 @@ stream is an incomplete reply (the ring stops incomplete_stream), not a retry.
 Errors map to named stops in `_errors` (context_overflow, tool_use_failed -> the contract
 violation, endpoint_error). The API key is sent as `Authorization: Bearer`; it never appears in
 `describe()`, in a stop's detail or data, or in the log.
+
+Each request of a run carries the run's id (its log header's `run_id`; a resumed run keeps it) as
+`X-Loopfence-Run-Id`, so a server can tell concurrent runs apart: `loopfence.testing.FakeServer`
+serves each run its own reply sequence by it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import random
 import ssl
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -47,14 +51,15 @@ from ._base import report_retry
 from ._exchange import Retry, Wire, attempt
 from ._pool import Borrowed, LoopClients
 from ._retry import Timeouts, backoff_delay
-from ._sync import run_sync
+from ._sync import SyncLoop
 from ._tokencount import ServerTokenCounter
 
-__all__ = ["OpenAIModel", "Timeouts"]
+__all__ = ["OpenAIModel", "Timeouts", "RUN_ID_HEADER"]
+
+RUN_ID_HEADER = "X-Loopfence-Run-Id"  # each request's run (the log header's run_id), where it has one
 
 _OURS = ("model", "messages", "tools", "stream", "stream_options")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
-T = TypeVar("T")
 
 
 class OpenAIModel:
@@ -100,6 +105,7 @@ class OpenAIModel:
         self._clients = LoopClients(self._new_client, self.limits.max_connections)
         self._ssl: ssl.SSLContext | None = None  # made once (~30 ms), shared by every loop's client
         self._counter: ServerTokenCounter | None = None
+        self._sync = SyncLoop("loopfence-openai-sync")  # the sync calls' loop (started on first use)
 
     def _new_client(self) -> httpx.AsyncClient:
         if self._ssl is None:
@@ -136,8 +142,9 @@ class OpenAIModel:
                 k: self._redact(v) if isinstance(v, str) else v for k, v in st.data.items()}) from None
 
     def complete(self, request: Request) -> Reply:
-        """`acomplete` from sync code, on a private event loop (`_sync.run_sync`)."""
-        return run_sync(lambda: self._private(self.acomplete(request)))
+        """`acomplete` from sync code, on the model's own event loop (`_sync.SyncLoop`): its client
+        and connections last from one call to the next."""
+        return self._sync.run(lambda: self.acomplete(request))
 
     async def acount_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int | None:
         """The prompt's tokens as a llama.cpp server counts them, or None elsewhere (_tokencount)."""
@@ -147,15 +154,8 @@ class OpenAIModel:
         return await self._counter.count(self._clients.get().client, [_outgoing(m) for m in messages], tools)
 
     def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int | None:
-        """`acount_tokens` from sync code."""
-        return run_sync(lambda: self._private(self.acount_tokens(messages, tools)))
-
-    async def _private(self, work: Coroutine[Any, Any, T]) -> T:
-        """Run `work` on a private loop that ends after it: its client is closed before the loop."""
-        try:
-            return await work
-        finally:
-            await self._clients.release()
+        """`acount_tokens` from sync code (as `complete`)."""
+        return self._sync.run(lambda: self.acount_tokens(messages, tools))
 
     async def _acomplete(self, request: Request) -> Reply:
         body = self.body(request)
@@ -167,8 +167,8 @@ class OpenAIModel:
         while True:
             self._check_time(deadline, run, "the model request")
             try:
-                return await self._bounded(lambda: attempt(self._clients.get(), self._wire(), body, tools),
-                                           deadline, run)
+                return await self._bounded(lambda: attempt(self._clients.get(), self._wire(request.run_id),
+                                                           body, tools), deadline, run)
             except Retry as r:
                 retry += 1
                 status = r.stop.stop.data.get("status")
@@ -206,8 +206,10 @@ class OpenAIModel:
         self._check_time(deadline, run, "the model request", force=True)
         raise AssertionError("unreachable: _check_time(force=True) raises")
 
-    def _wire(self) -> Wire:
+    def _wire(self, run_id: str | None = None) -> Wire:
         headers = {"Accept": "text/event-stream" if self.stream else "application/json"}
+        if run_id:  # which run asks: a server may key its state by it (FakeServer: one reply sequence per run)
+            headers[RUN_ID_HEADER] = run_id
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
         return Wire(self.url, _safe_url(self.url), headers, self.timeout.bounded(None), self.timeout.read,
@@ -247,12 +249,14 @@ class OpenAIModel:
         return body
 
     def close(self) -> None:
-        """Close every loop's client (see LoopClients.close)."""
+        """Close every loop's client (see LoopClients.close); the sync calls' loop closes its own first."""
+        self._sync.close(self._clients.release)
         self._clients.close()
 
     async def aclose(self) -> None:
         """Close this loop's client (awaited) and the others as close() does."""
         await self._clients.release()
+        self._sync.close(self._clients.release)
         self._clients.close()
 
     def __enter__(self) -> OpenAIModel:

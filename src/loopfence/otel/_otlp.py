@@ -121,4 +121,5 @@ def send_spans(spans: Sequence[ReadableSpan], endpoint: str | None = None, *, ti
 
 
 def write_otlp_json(spans: Sequence[ReadableSpan], path: str | os.PathLike[str]) -> None:
+    """Write finished spans to `path` as one OTLP/JSON document (`ExportTraceServiceRequest`)."""
     Path(path).write_text(dumps(to_otlp_json(spans)) + "\n", encoding="utf-8")

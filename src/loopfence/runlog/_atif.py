@@ -25,6 +25,7 @@ ATIF_SCHEMA_VERSION = "ATIF-v1.4"
 
 
 def to_atif(path: str | Path | RunLogFile) -> dict[str, Any]:
+    """A run log as an ATIF trajectory (this module's docstring): a JSON-ready dict."""
     log = path if isinstance(path, RunLogFile) else read_log(path)
     h = log.header
     clock = _Clock(h.started_at, h.t)

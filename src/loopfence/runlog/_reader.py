@@ -1,7 +1,7 @@
 """Reading a run log back. Strict by default: anything odd is an error naming the file and line.
 
 Strict (replay, reconcile, export): an empty file, a first line that is not a loopfence.runlog header
-of a version this loopfence reads (1 or 2), a line that is not a JSON object, an unknown event kind, a
+of a version this loopfence reads (1 to 3), a line that is not a JSON object, an unknown event kind, a
 line its model (runlog/_schema.py) refuses (a field of the wrong type, an unknown decision), or a last
 line without its newline (a truncated write) -> LogError. Never a partial success.
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from .._json import MAX_LOG_DEPTH, JsonFileError, JsonLimitError, loads, read_bounded
 from ._events import Event, Header, LogError, StopEvent, parse_event
 from ._schema import EVENT_KINDS, FORMAT, READS_VERSIONS, VERSION
+from ._segments import joined
 
 __all__ = ["RunLogFile", "read_log", "LogError", "MAX_LOG_BYTES"]
 
@@ -34,6 +35,7 @@ class RunLogFile:
     events: tuple[Event, ...]
     complete_bytes: int  # length of the file up to the end of its last complete line
     torn_bytes: int = 0  # bytes of an incomplete last line (tolerant mode only)
+    reopened: tuple[Event, ...] = ()  # a stop `resume` continued past, and its bookkeeping (_segments)
 
     @property
     def stop(self) -> StopEvent | None:
@@ -49,7 +51,7 @@ class RunLogFile:
 
     @property
     def next_seq(self) -> int:
-        return max(e.seq for e in self.all_events) + 1
+        return max(e.seq for e in (*self.all_events, *self.reopened)) + 1
 
 
 def read_log(path: str | os.PathLike[str], *, tolerant: bool = False) -> RunLogFile:
@@ -80,7 +82,8 @@ def read_log(path: str | os.PathLike[str], *, tolerant: bool = False) -> RunLogF
     for i, e in enumerate(events[1:], 2):
         if isinstance(e, Header):
             raise LogError(p, i, "a second header: one log holds one run")
-    return RunLogFile(p, head, tuple(events[1:]), complete_bytes, torn)
+    header, kept, aside = joined(p, head, events[1:])
+    return RunLogFile(p, header, tuple(kept), complete_bytes, torn, tuple(aside))
 
 
 def _parse_line(path: str, lineno: int, raw: bytes) -> Event:

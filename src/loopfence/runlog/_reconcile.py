@@ -6,6 +6,12 @@ reached, and no final answer may have been overwritten by a later budget stop.
 
 The stop itself is not judged by rules written here: the log is folded through the ring with the
 guards it runs (`_drivers/_refold.py`), which must stop where the log stops, for its reason.
+
+An unfinished log (no stop line: the process died, or it is still running) is not a failed one. What
+its lines can show is checked (every call before the last turn answered once, no orphan results,
+every execution announced, steps in order, the guards letting the run go on to its last line, no
+answer lost), the invariants that compare the stop line's ledger are listed as `unchecked`, and
+`Reconciliation.finished` is False: `loopfence resume` continues the run.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .._contract import check_reply
+from .._drivers._prefix import fold_prefix
 from .._drivers._refold import refold
 from .._guards import NUDGED, Guard
 from .._messages import Reply
@@ -24,7 +31,7 @@ from ._events import CallEvent, LogError, ReplyEvent, ResultEvent, StopEvent
 from ._reader import RunLogFile, read_log
 from ._rebuild import recorded_limits, recorded_policy, registry_of
 
-__all__ = ["Check", "Reconciliation", "reconcile", "INVARIANTS"]
+__all__ = ["Check", "Reconciliation", "reconcile", "INVARIANTS", "NEED_THE_STOP"]
 
 INVARIANTS = {
     "one_result_per_call": "every requested tool call has exactly one result",
@@ -43,9 +50,14 @@ INVARIANTS = {
                              "the request its `last_answer` event asked, and only that",
 }
 
+# What an unfinished log cannot show: these compare the stop line (its ledger, reason and place).
+NEED_THE_STOP = ("calls_requested", "executions", "reuses", "tokens", "stop_is_last", "stop_reason_known")
+
 
 @dataclass(frozen=True, slots=True)
 class Check:
+    """One invariant's result: `name` (a key of INVARIANTS), whether it holds, and what was compared."""
+
     name: str
     ok: bool
     detail: str
@@ -57,11 +69,23 @@ class Check:
 
 @dataclass(frozen=True, slots=True)
 class Reconciliation:
+    """Every invariant checked on one log. `ok`: the run finished and every invariant holds. For an
+    unfinished log (`finished` False: no stop line) `checks` holds what its lines can show and
+    `unchecked` the invariants that need the stop line; `holds` says whether what was checked holds."""
+
     path: str
     checks: tuple[Check, ...]
+    finished: bool = True
+    unchecked: tuple[str, ...] = ()
+    lines: int = 0  # the log's complete lines (header included)
+    torn_bytes: int = 0  # an incomplete last line set aside (an unfinished log only)
 
     @property
     def ok(self) -> bool:
+        return self.finished and self.holds
+
+    @property
+    def holds(self) -> bool:
         return all(c.ok for c in self.checks)
 
     @property
@@ -82,9 +106,13 @@ class _Turn:
 def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = None) -> Reconciliation:
     """Check every invariant; LogError only when the file is not a readable run log. `guards`: fresh
     instances of the extra guards the run had (the header does not record them), as for replay."""
-    log = path if isinstance(path, RunLogFile) else read_log(path)
-    turns = [_turn(e) for e in log.events if isinstance(e, ReplyEvent)]
+    log = path if isinstance(path, RunLogFile) else read_log(path, tolerant=True)
     stops = [e for e in log.events if isinstance(e, StopEvent)]
+    if log.torn_bytes and stops:  # only a run cut off before its stop may leave half a line
+        read_log(log.path)  # raises, naming the line
+    if not stops:
+        return _unfinished(log, guards)
+    turns = [_turn(e) for e in log.events if isinstance(e, ReplyEvent)]
     stop = log.stop or (stops[-1] if stops else None)
     ledger: dict[str, Any] = stop.ledger if stop else {}
     results = [e for e in log.events if isinstance(e, ResultEvent)]
@@ -104,7 +132,23 @@ def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = Non
         _limit(log, stop, guards),
         _overwritten(log, turns),
     ]
-    return Reconciliation(log.path, tuple(checks))
+    return Reconciliation(log.path, tuple(checks), lines=len(log.events) + 1)
+
+
+def _unfinished(log: RunLogFile, guards: list[Guard] | None) -> Reconciliation:
+    """What the lines of a log with no stop can show; the calls of its last turn may still be open."""
+    turns = [_turn(e) for e in log.events if isinstance(e, ReplyEvent)]
+    results = [e for e in log.events if isinstance(e, ResultEvent)]
+    calls = [e for e in log.events if isinstance(e, CallEvent)]
+    open_step = turns[-1].step if turns else None
+    steps = [e.raw.get("step") for e in log.events if e.kind == "request"]
+    in_order = steps == list(range(1, len(steps) + 1))
+    folded = fold_prefix(log, guards)
+    checks = (*_pairing(turns, results, open_step), _intents(calls, results, open_step),
+              Check("steps_are_requests", in_order, f"request events: {len(steps)}, steps in order" if in_order
+                    else f"steps out of order: {steps}"),
+              Check("limit_reached", folded.ok, folded.detail), _overwritten(log, turns, finished=False))
+    return Reconciliation(log.path, checks, False, NEED_THE_STOP, len(log.events) + 1, log.torn_bytes)
 
 
 def _turn(e: ReplyEvent) -> _Turn:
@@ -115,8 +159,9 @@ def _turn(e: ReplyEvent) -> _Turn:
     return _Turn(e.step, e, parsed)
 
 
-def _pairing(turns: list[_Turn], results: list[ResultEvent]) -> list[Check]:
-    """Key calls by (step, id, position): scripted models reuse ids across (and within) steps."""
+def _pairing(turns: list[_Turn], results: list[ResultEvent], open_step: int | None = None) -> list[Check]:
+    """Key calls by (step, id, position): scripted models reuse ids across (and within) steps.
+    `open_step`: an unfinished log's last turn, whose calls may not have their results yet."""
     wanted: dict[tuple[int, str], list[int]] = {}
     unreadable = [t.reply.line for t in turns if t.parsed is None]
     for t in turns:
@@ -130,7 +175,8 @@ def _pairing(turns: list[_Turn], results: list[ResultEvent]) -> list[Check]:
             answered[(r.step, r.tool_call_id, open_positions.pop(0))] += 1
         else:
             orphans.append(f"line {r.line} ({r.tool_call_id} at step {r.step})")
-    missing = [f"{cid} (step {step}, position {p})" for (step, cid), ps in wanted.items() for p in ps]
+    missing = [f"{cid} (step {step}, position {p})" for (step, cid), ps in wanted.items() for p in ps
+               if step != open_step]
     one = Check("one_result_per_call", not missing and not unreadable,
                 "all calls answered" if not missing and not unreadable else
                 "; ".join(([f"no result for {', '.join(missing)}"] if missing else [])
@@ -140,7 +186,8 @@ def _pairing(turns: list[_Turn], results: list[ResultEvent]) -> list[Check]:
                        f"results without a requested call: {', '.join(orphans)}")]
 
 
-def _intents(calls: list[CallEvent], results: list[ResultEvent]) -> Check:
+def _intents(calls: list[CallEvent], results: list[ResultEvent], open_step: int | None = None) -> Check:
+    """`open_step`: an unfinished log's last turn, where a call may have been running at the end."""
     intents = Counter((c.step, c.tool_call_id) for c in calls if c.intent)
     bad = []
     for r in results:
@@ -152,7 +199,7 @@ def _intents(calls: list[CallEvent], results: list[ResultEvent]) -> Check:
         else:
             bad.append(f"executed without a logged intent: line {r.line} ({r.tool_call_id})")
     bad += [f"intent logged but no executed result: step {step} ({cid})"
-            for (step, cid), n in intents.items() if n > 0]
+            for (step, cid), n in intents.items() if n > 0 and step != open_step]
     return Check("intent_before_execution", not bad, "every execution was announced, and every "
                  "announced call has an executed result" if not bad else "; ".join(bad))
 
@@ -261,7 +308,7 @@ def _limit(log: RunLogFile, stop: StopEvent | None, guards: list[Guard] | None) 
     return Check("limit_reached", verdict.ok, verdict.detail)
 
 
-def _overwritten(log: RunLogFile, turns: list[_Turn]) -> Check:
+def _overwritten(log: RunLogFile, turns: list[_Turn], finished: bool = True) -> Check:
     max_tokens = log.header.params.get("max_tokens")
     registry = registry_of(log.header)
     events = list(log.events)
@@ -282,6 +329,8 @@ def _overwritten(log: RunLogFile, turns: list[_Turn]) -> Check:
             if not isinstance(nxt, StopEvent) or said != r.content or nxt.final_answer is not None:
                 return Check("no_overwritten_answer", False, f"the last answer at line {t.reply.line} (step "
                              f"{t.step}) is not the stop's last_answer")
+            continue
+        if nxt is None and not finished:  # the log ends with the answer: killed before its stop line
             continue
         if not isinstance(nxt, StopEvent):
             what = f"{nxt.kind} at line {nxt.line}" if nxt else "nothing (no stop)"

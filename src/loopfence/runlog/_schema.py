@@ -15,13 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter
 from .._stops import StopReason, Verdict
 
 __all__ = ["Decision", "GateDecision", "LogEvent", "HeaderLine", "RequestLine", "ReplyLine", "CallLine",
-           "ResultLine", "GateLine", "ResumeLine", "RetryLine", "NudgeLine", "LastAnswerLine", "StopLine", "Usage",
+           "ResultLine", "GateLine", "ResumeLine", "RetryLine", "NudgeLine", "LastAnswerLine",
+           "GuardLine", "StopLine", "Usage",
            "LOG_LINE",
            "FORMAT", "VERSION", "READS_VERSIONS", "EVENT_KINDS", "parse_line", "events_schema"]
 
 FORMAT = "loopfence.runlog"
-VERSION = 2  # 2: typed events, `retry` events
-READS_VERSIONS = (1, 2)  # version 1 logs read with the same models (they never hold a retry)
+VERSION = 3  # 2: typed events, `retry` events; 3: `nudge`, `last_answer` and `guard` events
+READS_VERSIONS = (1, 2, 3)  # older logs read with the same models (they never hold the newer events)
 
 
 class Decision(StrEnum):
@@ -163,6 +164,8 @@ class ResumeLine(LogEvent):
     torn_bytes: int = 0
     pending_intent: Obj | None = None
     model: Obj = {}
+    reopened: Obj | None = None  # {line, reason}: the endpoint_error/cancelled stop this run goes on past
+    overrides: Obj | None = None  # {limits, model}: what the run goes on with instead of the header's
 
 
 class RetryLine(LogEvent):
@@ -205,6 +208,17 @@ class LastAnswerLine(LogEvent):
     max_tokens: int | None = None
 
 
+class GuardLine(LogEvent):
+    """What a guard said on its own (`Guard.note`): `guard` names it, `message` is its text, `data`
+    its numbers. A note decides nothing: the run goes on, and reconcile's fold does not compare it."""
+
+    event: Literal["guard"]
+    step: int
+    guard: str
+    message: str
+    data: Obj = {}
+
+
 class StopLine(LogEvent):
     event: Literal["stop"]
     reason: Annotated[StopReason, _Enum]
@@ -219,10 +233,10 @@ class StopLine(LogEvent):
 
 
 AnyLine = Annotated[HeaderLine | RequestLine | ReplyLine | CallLine | ResultLine | GateLine | ResumeLine
-                    | RetryLine | NudgeLine | LastAnswerLine | StopLine, Field(discriminator="event")]
+                    | RetryLine | NudgeLine | LastAnswerLine | GuardLine | StopLine, Field(discriminator="event")]
 LOG_LINE: TypeAdapter[AnyLine] = TypeAdapter(AnyLine)
 EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume", "retry", "nudge", "last_answer",
-               "stop")
+               "guard", "stop")
 
 
 def parse_line(record: dict[str, Any]) -> LogEvent:

@@ -68,6 +68,11 @@ class RunLog:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "ab" if append else "wb", buffering=0)  # noqa: SIM115
 
+    @property
+    def t0(self) -> float:
+        """The monotonic time the log's `t` counts from."""
+        return self._t0
+
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"event": event, "seq": self._seq, "t": round(time.monotonic() - self._t0, 6),
                   **fields}

@@ -18,6 +18,8 @@ def tool_call(name: str, arguments: Any = None, *, id: str | None = None, **kwar
 
 def calls_reply(*calls: dict[str, Any], usage: tuple[int, int] | None = None,
                 finish_reason: str = "tool_calls", content: str | None = None) -> dict[str, Any]:
+    """A chat.completions response asking for `calls` (from `tool_call`; ids `call_0`, `call_1`, ... where
+    none is given), with optional `usage` (prompt, completion) and `content`."""
     numbered = [dict(c, id=c.get("id") or f"call_{i}") for i, c in enumerate(calls)]
     return _response({"role": "assistant", "content": content, "tool_calls": numbered},
                      finish_reason, usage)
@@ -25,6 +27,7 @@ def calls_reply(*calls: dict[str, Any], usage: tuple[int, int] | None = None,
 
 def text_reply(text: str | None, *, usage: tuple[int, int] | None = None,
                finish_reason: str = "stop") -> dict[str, Any]:
+    """A chat.completions response with the text `text` (None: no content) and no tool calls."""
     return _response({"role": "assistant", "content": text}, finish_reason, usage)
 
 

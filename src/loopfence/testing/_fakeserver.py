@@ -5,8 +5,12 @@
         ...
         srv.requests   # the JSON bodies received, in order
 
-`POST .../chat/completions` gets the scripted replies in order; the last one repeats. `GET
-.../models` lists one model, "fake". Standard library only (ThreadingHTTPServer in a thread).
+`POST .../chat/completions` gets the scripted replies in order; the last one repeats. Each run gets
+its own sequence: `OpenAIModel` sends the run's id (`X-Loopfence-Run-Id`, the log header's
+`run_id`), and the server keeps one position in the replies per id, so two runs, or 20 concurrent
+ones, each get the script from its first reply (`srv.runs`: the bodies each run sent). Clients that
+send no id share one sequence. `GET .../models` lists one model, "fake". Standard library only
+(ThreadingHTTPServer in a thread).
 
 Reply forms (JSON objects; the drill's scenario files and `loopfence fake-server` use the same):
 
@@ -62,7 +66,9 @@ from .._json import loads
 from ._replyforms import FAULTS, FormError, Plan, load_forms, overflow_body, render, response_to_chunks, validate_form
 
 __all__ = ["FakeServer", "FAULTS", "FormError", "load_forms", "overflow_body", "response_to_chunks",
-           "validate_form"]
+           "validate_form", "RUN_HEADER"]
+
+RUN_HEADER = "x-loopfence-run-id"  # (lower case) the run a request belongs to; OpenAIModel sends it
 
 
 class FakeServer:
@@ -79,6 +85,7 @@ class FakeServer:
         self.replies = list(replies)
         self.requests: list[dict[str, Any]] = []  # JSON bodies received by chat/completions
         self.headers: list[dict[str, str]] = []  # their request headers (lower-case names)
+        self.runs: dict[str | None, list[dict[str, Any]]] = {}  # the bodies per run id (None: sent none)
         self._host, self._port = host, port
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -125,8 +132,11 @@ class FakeServer:
         self.close()
 
     def _next(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """The reply form for a request: the next in its run's own sequence."""
         with self._lock:
-            i = len(self.requests)
+            sent = self.runs.setdefault(headers.get(RUN_HEADER) or None, [])
+            i = len(sent)
+            sent.append(body)
             self.requests.append(body)
             self.headers.append(headers)
             return self.replies[min(i, len(self.replies) - 1)]

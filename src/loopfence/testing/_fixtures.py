@@ -78,9 +78,11 @@ class RunLogFixture:
 
 
 def assert_replays(path: str | Path, **options: Any) -> ReplayReport:
-    """Replay a log; fail the test unless it stops with the same reason, step and ledger."""
+    """Replay a log; fail the test unless it stops with the same reason at the same step, every
+    recorded event played. Under `limits=` too: a what-if replay that stops elsewhere (which
+    `loopfence replay --limit` reports as an answer) fails here, as the fixture promises."""
     report = replay(path, **options)
-    if not report.ok:
+    if not report.same_stop:
         pytest.fail(f"{path}: replay did not stop where the log did\n" + "\n".join(report.lines()),
                     pytrace=False)
     return report

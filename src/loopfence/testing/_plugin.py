@@ -9,10 +9,12 @@ Fixtures:
                             `run_log.of(kind)`, `run_log.stop`
   replay_log(path)          replays a log and fails the test unless the stop trips at the same place
 
-Network: connections to anything but loopback (and name lookups of anything but localhost) fail
-the test, unless it is marked `@pytest.mark.allow_network` or the ini option
-`loopfence_allow_network = true` is set. A blocked attempt raises `NetworkBlockedError` (an
-OSError, as a refused connection would) and fails the test even if the code under test caught it.
+Network: the plugin minds loopfence's tests only. A test that uses one of the fixtures above, is
+marked `@pytest.mark.loopfence_offline`, or runs where the ini option `loopfence_block_network = true`
+is set may reach loopback only: connections to anything else (and name lookups of anything but
+localhost) raise `NetworkBlockedError` (an OSError, as a refused connection would) and fail the test
+even if the code under test caught it. Every other test in the environment is left alone.
+`@pytest.mark.allow_network` (or `loopfence_allow_network = true`) lifts the block for a test (or all).
 
 Import-light: pytest loads this module in every session where loopfence is installed, so it imports
 only pytest and the standard library; loopfence itself is imported by the fixtures that use it.
@@ -28,7 +30,9 @@ from typing import Any
 import pytest
 
 __all__ = ["NetworkBlockedError", "NetworkGuard", "scripted_model", "fake_endpoint", "run_log",
-           "replay_log"]
+           "replay_log", "FIXTURES", "guards_network"]
+
+FIXTURES = frozenset({"scripted_model", "fake_endpoint", "run_log", "replay_log"})  # a user of one is guarded
 
 
 class NetworkBlockedError(OSError):
@@ -113,18 +117,33 @@ class NetworkGuard:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("loopfence_block_network", type="bool", default=False,
+                  help="loopfence plugin: every test may reach loopback only (by default only tests that "
+                  "use loopfence's fixtures or the loopfence_offline marker)")
     parser.addini("loopfence_allow_network", type="bool", default=False,
                   help="loopfence plugin: let every test reach non-loopback addresses")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "allow_network: this test may reach non-loopback addresses "
-                            "(the loopfence plugin blocks them by default)")
+                            "(lifts the loopfence plugin's block)")
+    config.addinivalue_line("markers", "loopfence_offline: this test may reach loopback only (the "
+                            "loopfence plugin blocks every other address, as for tests using its fixtures)")
+
+
+def guards_network(item: pytest.Item) -> bool:
+    """Is the network blocked for this test? Its marks, the ini options, and its fixtures decide."""
+    config = item.config
+    if item.get_closest_marker("allow_network") or config.getini("loopfence_allow_network"):
+        return False
+    if item.get_closest_marker("loopfence_offline") or config.getini("loopfence_block_network"):
+        return True
+    return bool(FIXTURES.intersection(getattr(item, "fixturenames", ())))
 
 
 @pytest.fixture(autouse=True)
 def _loopfence_network_guard(request: pytest.FixtureRequest) -> Iterator[None]:
-    if request.node.get_closest_marker("allow_network") or request.config.getini("loopfence_allow_network"):
+    if not guards_network(request.node):
         yield
         return
     guard = NetworkGuard()
@@ -178,7 +197,8 @@ def run_log(tmp_path: Any) -> Any:
 
 @pytest.fixture
 def replay_log() -> Callable[..., Any]:
-    """`replay_log(path, **replay_options)`: fails the test unless the replay stops where the log did."""
+    """`replay_log(path, **replay_options)`: fails the test unless the replay stops where the log did
+    (the same reason at the same step with nothing left over), under `limits=` overrides too."""
     from ._fixtures import assert_replays
 
     return assert_replays

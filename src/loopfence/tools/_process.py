@@ -21,7 +21,7 @@ import uuid
 from typing import Any
 
 from .._aio import Expired, run_sync, within
-from ._reap import MARKER_ENV, exited, kill_tree
+from ._reap import MARKER_ENV, akill_tree, exited
 
 __all__ = ["run_in_process", "arun_in_process", "KILL_GRACE_S", "READY_S"]
 
@@ -85,10 +85,21 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _kill_all(pid: int, marker: str) -> None:
-    kill_tree(pid, marker, KILL_GRACE_S)
-    if not exited(pid):  # not yet its own group (no setsid yet): kill it by pid
-        _kill(pid)
+async def _kill_all(proc: Any, marker: str) -> None:
+    """The child's tree killed and the child reaped, waiting on the loop (other runs go on during
+    the grace); cancelled while it waits, the child is killed at once."""
+    try:
+        await akill_tree(proc.pid, marker, KILL_GRACE_S)
+        if not exited(proc.pid):  # not yet its own group (no setsid yet): kill it by pid
+            _kill(proc.pid)
+        deadline = time.monotonic() + 1.0
+        while proc.exitcode is None and time.monotonic() < deadline:  # exitcode reaps it when it is done
+            await asyncio.sleep(0.01)
+    except BaseException:
+        _kill(proc.pid)
+        raise
+    finally:
+        proc.join(0)
 
 
 def run_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:
@@ -119,11 +130,11 @@ async def arun_in_process(fn: Any, args: dict[str, Any], timeout_s: float | None
             except EOFError:
                 status = None  # the child died without an answer
     finally:
-        # before any join: an unreaped child keeps its pid, so the group id cannot be reused
-        if proc.pid:
-            _kill_all(proc.pid, marker)
-        proc.join(1.0)
-        parent.close()
+        try:  # before any join: an unreaped child keeps its pid, so the group id cannot be reused
+            if proc.pid:
+                await _kill_all(proc, marker)
+        finally:
+            parent.close()
     if status is None:
         return "error", RuntimeError(f"tool process died (exit code {proc.exitcode})")
     return status

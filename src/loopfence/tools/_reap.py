@@ -3,11 +3,13 @@ the call's marker in its environment (which catches `setsid` double-forks that l
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
+from collections.abc import Generator
 
-__all__ = ["MARKER_ENV", "exited", "members", "kill_tree"]
+__all__ = ["MARKER_ENV", "exited", "members", "kill_tree", "akill_tree"]
 
 MARKER_ENV = "LOOPFENCE_COMMAND_ID"
 
@@ -47,6 +49,26 @@ def members(pgid: int, marker: str | None) -> list[int]:
 def kill_tree(pgid: int, marker: str | None, grace: float) -> int:
     """SIGTERM, then (after `grace` seconds) SIGKILL, to the group and the marked processes.
     Returns how many processes other than the group leader were still alive."""
+    steps = _kill_steps(pgid, marker, grace)
+    try:
+        while True:
+            time.sleep(next(steps))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def akill_tree(pgid: int, marker: str | None, grace: float) -> int:
+    """`kill_tree` that waits on the event loop, not on it: other runs go on during the grace."""
+    steps = _kill_steps(pgid, marker, grace)
+    try:
+        while True:
+            await asyncio.sleep(next(steps))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _kill_steps(pgid: int, marker: str | None, grace: float) -> Generator[float, None, int]:
+    """The kill, yielding each pause it needs (the caller sleeps it, one way or the other)."""
     alive = members(pgid, marker)
     others = len([p for p in alive if p != pgid])
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 1.0)):
@@ -55,7 +77,7 @@ def kill_tree(pgid: int, marker: str | None, grace: float) -> int:
         _signal(pgid, alive, sig)
         deadline = time.monotonic() + wait
         while alive and time.monotonic() < deadline:
-            time.sleep(0.01)
+            yield 0.01
             alive = members(pgid, marker)
     return others
 

@@ -21,6 +21,8 @@ __all__ = ["Tool", "ToolKind", "Registry", "tool", "ArgumentError"]
 
 
 class ToolKind(StrEnum):
+    """What running a tool does, which decides how the fence treats repeated calls to it."""
+
     READ_ONLY = "read_only"  # duplicates within a run are answered from the cache
     SIDE_EFFECT = "side_effect"  # never cached; bounded by max_repeats
     POLL = "poll"  # never cached; exempt from repetition rules

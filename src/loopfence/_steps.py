@@ -1,0 +1,276 @@
+"""The ring's steps that wait on nothing outside: the header, the request and reply events, the
+contract's verdict, one call through the guards, the end of a turn, the results still owed, the stop.
+
+The ring (`_loop._ring`) awaits the model and the tools between these steps; a framework fence
+(`loopfence.integrations`) runs the same steps around a framework's own model requests and tool
+calls. So the rules, the ledger and the log are written once, and a fenced framework run leaves a
+log that `loopfence reconcile` folds through the ring like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ._compact import Compaction
+from ._contract import CheckedCall, ContractResult
+from ._gate import ApprovalHook, UntrustedGate
+from ._guards import Guard, Guards, default_guards, nudge_for
+from ._hooks import with_run_hooks
+from ._json import loggable
+from ._limits import Limits, Policy
+from ._messages import Reply, Request
+from ._prices import PricesArg, price_book
+from ._repeats import outcome_fingerprint
+from ._state import RunState
+from ._stops import RunResult, Stop, StopReason
+from .runlog._schema import LogEvent
+from .runlog._writer import FORMAT, VERSION, RunLog
+from .tools._executor import Executor, ToolResult, error_result, refusal
+from .tools._registry import Registry, Tool, ToolKind
+
+__all__ = ["start", "new_state", "set_price", "describe_model", "open_request", "close_reply",
+           "settle_contract", "announce", "run_call", "end_turn", "deliver_note", "record", "settle",
+           "finish", "nudge"]
+
+
+def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limits | None,
+          policy: Policy | None, system: str | None, params: dict[str, Any] | None,
+          log: RunLog | str | Path | None, guards: list[Guard] | None, executor: Executor | None,
+          header: dict[str, Any] | None, gate: UntrustedGate | None, approve: ApprovalHook | None,
+          compaction: Compaction | None,
+          on_event: Callable[[LogEvent], None] | None = None,
+          prices: PricesArg = None) -> tuple[RunState, RunLog, Guards, Executor]:
+    """The run's state, and its log with the header written (a cost budget's price is resolved
+    first: PriceError before anything is written). `model`: anything with `describe()` (recorded
+    in the header, and its name prices a cost budget)."""
+    registry = tools if isinstance(tools, Registry) else Registry(tools)
+    task, system = loggable(task), system and loggable(system)  # as the header reads back (replay)
+    messages = ([{"role": "system", "content": system}] if system else []) + \
+        [{"role": "user", "content": task}]
+    gate = gate or UntrustedGate(approve)
+    state = new_state(registry, limits or Limits(), policy or Policy(), params or {}, messages,
+                      compaction or Compaction())
+    described = describe_model(model)
+    set_price(state, model, described, prices)
+    priced = {"prices": state.prices.record(state.price)} if state.prices is not None else {}
+    runlog = log if isinstance(log, RunLog) else RunLog(log, t0=state.t0)
+    state.t0 = runlog.t0  # one clock: what happened since a given log began (servers starting) is the run's
+    on_event = with_run_hooks(on_event)  # loopfence.instrument() and other run hooks
+    if on_event is not None:
+        runlog.on_event = on_event
+    state.run_id = uuid.uuid4().hex  # sent with each request (Request.run_id)
+    runlog.write("header", format=FORMAT, version=VERSION, run_id=state.run_id,
+                 started_at=datetime.now(timezone.utc).isoformat(), task=task, system=system,
+                 limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
+                 tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
+                         **t.schema()} for t in registry],
+                 model=described, gate=gate.describe(), compaction=state.compaction.to_json(),
+                 **_tool_info(registry), **priced, **(header or {}))
+    return state, runlog, default_guards(state.limits, guards, gate), executor or Executor()
+
+
+def set_price(s: RunState, model: Any, described: dict[str, Any], prices: PricesArg) -> None:
+    """The run's price book and start price (by the name the model's describe() gives), where it has
+    a cost budget or a price table; PriceError for a cost budget with no price."""
+    if prices is None and s.limits.max_cost_usd is None:
+        return
+    name = described.get("model")
+    s.set_prices(price_book(prices), name if isinstance(name, str) and name else None,
+                 f"{type(model).__name__}, kind {described.get('kind')!r}")
+
+
+def _tool_info(registry: Registry) -> dict[str, Any]:
+    """What tools report about themselves for the header (run_command: the bounds in force)."""
+    info = {t.name: t.info for t in registry if t.info}
+    return {"tool_info": info} if info else {}
+
+
+def describe_model(model: Any) -> dict[str, Any]:
+    describe = getattr(model, "describe", None)
+    return describe() if callable(describe) else {"kind": type(model).__name__}
+
+
+def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[str, Any],
+              messages: list[dict[str, Any]], compaction: Compaction | None = None) -> RunState:
+    return RunState(limits, policy, registry, dict(params), messages=messages,
+                    compaction=compaction or Compaction())
+
+
+# -- one request -----------------------------------------------------------------------------------
+def open_request(s: RunState, log: RunLog) -> tuple[Request, int]:
+    """The next request, logged and counted (before it is sent): (the request, its prompt estimate)."""
+    estimate = s.next_prompt_estimate()
+    request = s.request()
+    log.write("request", step=request.step, fingerprint=s.request_fingerprint(),
+              n_messages=len(request.messages), prompt_estimate=estimate, params=request.params)
+    s.ledger.model_requests += 1
+    return request, estimate
+
+
+def close_reply(s: RunState, log: RunLog, step: int, reply: Reply, estimate: int, started: float) -> None:
+    """The reply remembered, charged (tokens; dollars where the run has a price) and logged."""
+    prompt, completion = s.remember(reply, estimate)
+    log.write("reply", step=step, raw=reply.raw, complete=reply.complete,
+              problem=reply.problem, finish_reason=reply.finish_reason,
+              usage={"prompt_tokens": prompt, "completion_tokens": completion,
+                     "reported": reply.usage is not None and reply.usage.prompt_tokens is not None,
+                     **s.charge_note},
+              duration_s=round(time.monotonic() - started, 6))
+
+
+def settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractResult,
+                    final: list[str | None]) -> tuple[list[CheckedCall], Stop | None, list[ToolResult]]:
+    """Which calls may run, or the stop, and the results already given (rejected calls).
+    Fail closed by default; feedback mode tells the model."""
+    if checked.incomplete:
+        final[1] = reply.content
+        return [], Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail), []
+    if not reply.tool_calls:
+        text = (reply.content or "").strip()
+        if text:
+            final[0] = reply.content
+            n = s.ledger.model_requests
+            return [], Stop(StopReason.FINAL_ANSWER, f"answer after {n} request{'' if n == 1 else 's'}"), []
+        return [], Stop(StopReason.EMPTY_ANSWER, "the model replied with no tool calls and no text"), []
+    valid = [i for i in checked.items if isinstance(i, CheckedCall)]
+    bad = checked.violations
+    if not bad:
+        s.bad_streak = 0
+        return valid, None, []
+    s.bad_streak += 1
+    first = bad[0]
+    limit = s.policy.max_bad_calls
+    feedback = s.policy.on_bad_call == "feedback" and (limit is None or s.bad_streak < limit)
+    given = []
+    for v in bad:
+        body = v.feedback() if feedback else {"ok": False, "error": str(v.reason), "message": v.detail}
+        given.append(_violation_result(body))
+        record(s, log, v.call, given[-1], key=None, reason=str(v.reason))
+    if feedback:
+        return valid, None, given
+    why = "" if s.policy.on_bad_call == "fail" else \
+        f" ({s.bad_streak} replies in a row with a violation, max_bad_calls={limit})"
+    return [], Stop(first.reason, first.detail + why), given
+
+
+def _violation_result(body: dict[str, Any]) -> ToolResult:
+    return ToolResult(json.dumps(body, ensure_ascii=False), False, "rejected", error=body["error"])
+
+
+# -- one call --------------------------------------------------------------------------------------
+def announce(s: RunState, log: RunLog, c: CheckedCall) -> None:
+    """The call's intent, logged before it runs: a stop from now on leaves it `outcome_unknown`."""
+    s.in_flight = c.call
+    log.write("call", step=s.ledger.model_requests, tool_call_id=c.call.id, name=c.tool.name,
+              raw_arguments=c.call.raw_arguments, arguments=c.args, key=c.key, kind=str(c.tool.kind),
+              decision="executed", intent=True)
+
+
+async def run_call(s: RunState, log: RunLog, guards: Guards, c: CheckedCall,
+                   execute: Callable[[CheckedCall], Awaitable[ToolResult]],
+                   results: list[ToolResult]) -> tuple[ToolResult | None, Stop | None]:
+    """One call through the guards: answered from the read-only cache, refused, or executed
+    (`execute` announces it and runs it); recorded; checked after. (its result, appended to
+    `results`, or None; the stop, or None)."""
+    cached = s.cache.get(c.key) if c.tool.kind is ToolKind.READ_ONLY else None
+    verdict = guards.before_execution(s, c, cached is not None)
+    if isinstance(verdict, Awaitable):  # a decision that waits (the gate's approval hook)
+        verdict = await verdict
+    if isinstance(verdict, Stop):
+        if (note := nudge(s, log, verdict, c)) is None:
+            return None, verdict
+        verdict = refusal(str(verdict.reason), message=note)  # the call's one result: the nudge
+    result = verdict or (cached.as_reused() if cached else await execute(c))
+    s.cache.record(c.tool, c.key, result)
+    record(s, log, c.call, result, c.key, logged_intent=result.decision == "executed")
+    results.append(result)
+    if (stop := guards.after_execution(s, c, result)) and nudge(s, log, stop, c, later=True) is None:
+        return result, stop
+    return result, None
+
+
+def end_turn(s: RunState, log: RunLog, guards: Guards, calls: list[CheckedCall],
+             results: list[ToolResult]) -> Stop | None:
+    """Once every call of a reply has its result: the after_turn guards, then a nudge that is due."""
+    if (stop := guards.after_turn(s, results)) and nudge(s, log, stop, calls=calls, later=True) is None:
+        return stop
+    if s.warning is not None:  # a rule one result short of its stop: the nudge comes now
+        warned, s.warning = s.warning, None
+        nudge(s, log, warned[0], warned[1], later=True)
+    return None
+
+
+def deliver_note(s: RunState) -> str | None:
+    """A nudge raised after an execution goes to the model as a user message, after the turn's
+    results: added to the conversation here; the text (for a framework to send), or None."""
+    note = s.nudge_note
+    if note is not None:
+        s.append({"role": "user", "content": note})
+        s.nudge_note = None
+    return note
+
+
+def nudge(s: RunState, log: RunLog, stop: Stop, c: CheckedCall | None = None,
+          calls: list[CheckedCall] | None = None, later: bool = False) -> str | None:
+    """Policy(nudge=True): the run's first repetition stop becomes one message (a `nudge` event,
+    counted in the ledger) and the run goes on; None: the stop stands. Raised before an execution
+    (`later` False), the message is the refused call's result; raised after one, it goes to the
+    model as a user message once every call of the turn has its result."""
+    note = nudge_for(s, stop, c, calls)
+    if note is None:
+        return None
+    s.ledger.nudges += 1
+    log.write("nudge", step=s.ledger.model_requests, reason=str(stop.reason), detail=stop.detail, data=stop.data,
+              tool_call_id=c.call.id if c is not None and not later else None,
+              key=c.key if c is not None else None, delivered="message" if later else "refusal", message=note)
+    if later:
+        s.nudge_note = note
+    return note
+
+
+def record(s: RunState, log: RunLog, call: Any, result: ToolResult, key: str | None,
+           logged_intent: bool = False, reason: str | None = None) -> None:
+    """One result per requested call: the call event (unless its intent was logged) and the result."""
+    step = s.ledger.model_requests
+    if not logged_intent:
+        log.write("call", step=step, tool_call_id=call.id, name=call.name,
+                  raw_arguments=call.raw_arguments, key=key, decision=result.decision,
+                  reason=reason or result.error)
+    s.add_result(call, result)
+    if key is not None and s.policy.nudge and result.decision in ("executed", "reused"):
+        s.outcomes[key] = outcome_fingerprint(result.content)  # what a nudge names
+    log.write("result", step=step, tool_call_id=call.id, name=call.name, decision=result.decision,
+              ok=result.ok, error=result.error, fingerprint=result.fingerprint,
+              duration_s=round(result.duration_s, 6), untrusted=result.untrusted, content=result.content,
+              **({"violation": result.violation} if result.violation else {}))
+
+
+# -- the end ---------------------------------------------------------------------------------------
+def settle(s: RunState, log: RunLog, stop: Stop) -> None:
+    """Every requested call still owed a result gets one: not run, or (the one in flight) outcome unknown."""
+    for call in list(s.pending):
+        if call is s.in_flight:  # its intent is logged and it may have acted: never "not run"
+            record(s, log, call, error_result("outcome_unknown", side_effects="may have happened",
+                   message=f"interrupted while running: the run stopped ({stop.reason})"),
+                   key=None, logged_intent=True)
+        else:
+            record(s, log, call, error_result("not_executed", "refused",
+                   message=f"not run: the run stopped ({stop.reason})"), key=None)
+
+
+def finish(s: RunState, log: RunLog, stop: Stop, final: list[str | None], last: str | None = None) -> RunResult:
+    """Every requested call gets exactly one result; the stop is the log's last line."""
+    settle(s, log, stop)
+    s.ledger.elapsed_s = s.elapsed()
+    ledger = s.ledger.snapshot()
+    log.write("stop", **stop.to_json(), verdict=str(stop.verdict), final_answer=final[0],
+              partial_text=final[1], ledger=ledger.to_json(),
+              per_step=[list(p) for p in s.ledger.per_step], **({"last_answer": last} if last is not None else {}))
+    log.close()
+    return RunResult(stop, final[0], ledger, tuple(s.messages), log.path, final[1], last_answer=last)

@@ -1,0 +1,456 @@
+"""The fence around another framework's agent: the ring's steps, run around the framework's own
+model requests and tool calls.
+
+An adapter (one module per framework: `loopfence.integrations.pydantic_ai`, ...) drives one
+`FencedRun` per agent run, in the order the ring would:
+
+    run = fence.start(task, [fence.tool(name, schema, description) ...], framework="...")
+    reply = await run.model_request(send, to_reply)  # before_request guards, the request and reply
+                                                     # events, the contract; the framework's response
+    value = await run.call(call_id, execute)         # one requested call: the read-only cache, the
+                                                     # before_execution guards (and the untrusted-
+                                                     # content gate), the framework's own tool
+                                                     # function, the result events, after_execution
+    result = run.finish(...)                         # the stop line, the ledger: a RunResult
+
+`end_turn()` (after_turn: no_progress, a nudge that is due) runs by itself before the next request.
+A framework whose hooks are plain functions calls `model_request_sync(send, to_reply)` and
+`call_sync(call_id, execute)` instead, with blocking `send`/`execute`: the same async core, driven on
+the run's own event loop.
+Every step is the ring's own (`loopfence._steps`), over the same `Guards` and `RunState`, so a fenced
+run's log folds through the ring: `loopfence reconcile` checks it like any other.
+
+A stop ends the framework's run by raising `FenceStop` (an adapter may raise a subclass that is also
+its framework's own run error), carrying the `Stop`: its reason, detail, limit and value. Whatever the
+framework itself raises (a model error, a tool's exception) is re-raised unchanged, after the run's
+stop is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic_core import to_jsonable_python
+
+from .._aio import in_thread, run_sync
+from .._compact import Compaction
+from .._contract import CheckedCall, check_reply, requested_max_tokens
+from .._gate import ApprovalHook, UntrustedGate
+from .._guards import Guard, Guards
+from .._limits import Limits, Policy
+from .._messages import Reply, Request
+from .._prices import PricesArg
+from .._state import RunState
+from .._steps import (announce, close_reply, deliver_note, end_turn, finish, open_request, record, run_call,
+                      settle_contract, start)
+from .._stops import RunResult, Stop, StopReason
+from .._runner import close_loop
+from ..runlog._schema import LogEvent
+from ..runlog._writer import RunLog
+from ..tools._executor import DEFAULT_RESULT_CAP, Executor, ToolResult, refusal
+from ..tools._registry import Tool, ToolKind
+from ..tools._registry import tool as make_tool
+
+__all__ = ["Fence", "FencedRun", "FenceStop"]
+
+T = TypeVar("T")
+LogArg = str | Path | RunLog | Callable[[], "str | Path | RunLog"] | None
+
+
+class FenceStop(Exception):
+    """A loopfence stop ending a framework's run. `stop` is the `Stop` (reason, detail, data);
+    `result` the run's `RunResult` (ledger, log path), written before this was raised."""
+
+    def __init__(self, stop: Stop, result: RunResult | None = None) -> None:
+        super().__init__(f"loopfence stopped the run: {stop.reason}: {stop.detail}")
+        self.stop = stop
+        self.result = result
+
+    @property
+    def reason(self) -> StopReason:
+        return self.stop.reason
+
+    @property
+    def detail(self) -> str:
+        return self.stop.detail
+
+    @property
+    def limit(self) -> Any:
+        """The limit the stop names (max_steps=8: 8), or None."""
+        return self.stop.data.get("limit")
+
+    @property
+    def value(self) -> Any:
+        """The value that reached it (the 9th request: 9), or None."""
+        return self.stop.data.get("value")
+
+
+class _Described:
+    """What the header records as the run's model: the framework, and the model's name."""
+
+    def __init__(self, framework: str, model: str | None) -> None:
+        self.info: dict[str, Any] = {"kind": framework, **({"model": model} if model else {})}
+
+    def describe(self) -> dict[str, Any]:
+        return self.info
+
+
+# the framework's own function for the call being executed (set by FencedRun._execute around it)
+_RUNNING: ContextVar[Callable[[], Awaitable[Any]] | None] = ContextVar("loopfence_fenced_call", default=None)
+
+
+async def _framework_call(**_: Any) -> Any:
+    """Every fenced tool's function: the framework's own, for the call loopfence is executing."""
+    execute = _RUNNING.get()
+    if execute is None:
+        raise RuntimeError("a fenced tool runs the framework's own function, given to FencedRun.call")
+    return await execute()
+
+
+class Fence:
+    """What to fence a framework's agent runs with: configured once, one `FencedRun` per run.
+
+    limits, policy, prices: as `loopfence.run()`. kinds: tool name -> `ToolKind` ("read_only":
+    answered from the cache when asked again; "poll": exempt from repetition rules); other tools are
+    `default_kind` (side_effect: never cached). untrusted: tools whose results are untrusted content
+    (the gate taints the run); privileged: tools the gate refuses once the run is tainted (None: the
+    gate's default names), unless `approve` allows the call. guards: a factory of extra guards, called
+    per run (guards keep counts). log: a path (each run rewrites it), a `RunLog`, a callable giving
+    one per run, or None (events kept in memory). on_event: each typed event as it is written.
+    """
+
+    def __init__(self, *, limits: Limits | None = None, policy: Policy | None = None,
+                 kinds: Mapping[str, str | ToolKind] | None = None, default_kind: str | ToolKind = ToolKind.SIDE_EFFECT,
+                 untrusted: Collection[str] = (), privileged: Collection[str] | None = None,
+                 approve: ApprovalHook | None = None, guards: Callable[[], Iterable[Guard]] | None = None,
+                 log: LogArg = None, on_event: Callable[[LogEvent], None] | None = None,
+                 prices: PricesArg = None, result_cap: int | None = DEFAULT_RESULT_CAP) -> None:
+        self.limits = limits or Limits()
+        self.policy = policy or Policy()
+        self.kinds = {name: ToolKind(kind) for name, kind in (kinds or {}).items()}
+        self.default_kind = ToolKind(default_kind)
+        self.untrusted = frozenset(untrusted)
+        self.privileged = None if privileged is None else frozenset(privileged)
+        self.approve = approve
+        self.guards = guards
+        self.log = log
+        self.on_event = on_event
+        self.prices = prices
+        self.result_cap = result_cap
+        self.results: list[RunResult] = []  # every finished run's result, in the order they ended
+
+    @property
+    def result(self) -> RunResult | None:
+        """The last finished run's result."""
+        return self.results[-1] if self.results else None
+
+    def tool(self, name: str, parameters: Mapping[str, Any] | None = None, description: str = "",
+             fn: Callable[..., Any] | None = None) -> Tool:
+        """The loopfence Tool for a framework's tool, from its JSON schema: the contract binds a call's
+        arguments to it (defaults applied) for the canonical key; the kind, untrusted and privileged
+        flags come from this fence. `fn`: the tool's Python function, where the framework gives it:
+        its signature binds the arguments (as `loopfence.tool(fn)` does, ~10x faster than the schema)
+        when its parameters are the schema's properties; the schema is what the log records either way."""
+        params = dict(parameters or {"type": "object"})
+        return Tool.from_schema(name, _framework_call, params, description=description,
+                                kind=self.kinds.get(name, self.default_kind), untrusted=name in self.untrusted,
+                                privileged=self.privileged is not None and name in self.privileged,
+                                isolation="async", args_model=_signature_model(fn, params))
+
+    def start(self, task: str, tools: Iterable[Tool], *, framework: str, version: str | None = None,
+              model: str | None = None, system: str | None = None,
+              stop_error: type[FenceStop] = FenceStop) -> FencedRun:
+        """A run begins: the header is written (the framework and its version recorded). PriceError
+        for a cost budget whose model has no price, before anything is written."""
+        log = self.log() if callable(self.log) else self.log
+        gate = UntrustedGate(self.approve, self.privileged)
+        extra = list(self.guards()) if self.guards is not None else None
+        header = {"framework": {"name": framework, **({"version": version} if version else {})}}
+        state, runlog, guards, _ = start(task, _Described(framework, model), list(tools), self.limits, self.policy,
+                                         system, None, log, extra, None, header, gate, None, Compaction.off(),
+                                         self.on_event, self.prices)
+        return FencedRun(self, state, runlog, guards, stop_error)
+
+
+def _signature_model(fn: Callable[..., Any] | None, params: Mapping[str, Any]) -> Any:
+    """The arguments' model of `fn` (the ring's: bound to its signature, defaults applied), when its
+    parameters are the schema's properties; None otherwise (the schema binds them)."""
+    if fn is None:
+        return None
+    try:
+        made = make_tool(fn)
+    except Exception:  # noqa: BLE001 - a signature loopfence cannot model: the schema binds the arguments
+        return None
+    mine, theirs = made.parameters.get("properties", {}), params.get("properties", {})
+    return made.args_model if isinstance(theirs, dict) and set(mine) == set(theirs) else None
+
+
+@dataclass
+class _Turn:
+    """The calls one reply asked for, by id, and the results given so far (the ring's `results`)."""
+
+    calls: list[CheckedCall]
+    rejected: dict[str, ToolResult]  # feedback mode: the contract's answer to a malformed call
+    results: list[ToolResult] = field(default_factory=list)
+    waiting: dict[str, list[CheckedCall]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for c in self.calls:
+            self.waiting.setdefault(c.call.id, []).append(c)
+
+    def take(self, call_id: str) -> CheckedCall | None:
+        queue = self.waiting.get(call_id)
+        return queue.pop(0) if queue else None
+
+
+class FencedRun:
+    """One framework run under the fence. Its methods are the ring's phases; see the module doc."""
+
+    def __init__(self, fence: Fence, state: RunState, log: RunLog, guards: Guards,
+                 stop_error: type[FenceStop] = FenceStop) -> None:
+        self.fence = fence
+        self.state = state
+        self.log = log
+        self.guards = guards
+        self.stop_error = stop_error
+        self.final: list[str | None] = [None, None]  # final answer, partial text of a cut-off reply
+        self.result: RunResult | None = None
+        self.turn: _Turn | None = None
+        self.answer: Stop | None = None  # a reply with no calls: the stop, once the framework ends its run
+        self._asked: tuple[int, int, float] | None = None  # the open request: step, estimate, start
+        self._lock = asyncio.Lock()  # one call at a time, as the ring runs them
+        self._executor = Executor(fence.result_cap)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the sync wrappers' event loop
+        self._sync_lock = threading.Lock()
+        state.log = log
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    # -- a model request ---------------------------------------------------------------------------
+    async def before_request(self) -> tuple[Request, str | None]:
+        """Before the framework sends a request: the turn before it ends (after_turn), the budgets
+        are checked, and the request is logged and counted. (the request as loopfence sees it: its
+        `max_tokens` is the bound to send; a nudge to add to the conversation as a user message, or
+        None). Raises the stop."""
+        self._refuse_if_finished()
+        if self.answer is not None:  # the framework asks again after an answer: the ring ended there
+            raise self._stop(replace(self.answer, detail=self.answer.detail + "; the framework asked the model "
+                                     "again after it (its output validation?): the fence ends runs at the answer"))
+        note = self.end_turn()
+        if stop := self.guards.before_request(self.state):
+            raise self._stop(stop)
+        request, estimate = open_request(self.state, self.log)
+        self._asked = (request.step, estimate, time.monotonic())
+        return request, note
+
+    def reply(self, reply: Reply) -> list[CheckedCall]:
+        """The framework's response, as a loopfence Reply: charged, logged, then the contract (complete?
+        valid JSON? known tool? schema?) and on_reply. The calls that may run; raises the stop. A reply
+        with no calls is the answer: the run stops there once the framework ends it (`finish()`)."""
+        self._refuse_if_finished()
+        if self._asked is None:
+            raise RuntimeError("FencedRun.reply() without before_request()")
+        step, estimate, started = self._asked
+        self._asked = None
+        s = self.state
+        close_reply(s, self.log, step, reply, estimate, started)
+        checked = check_reply(reply, s.registry, requested_max_tokens(s.params))
+        calls, stop, given = settle_contract(s, self.log, reply, checked, self.final)
+        if stop is not None and stop.reason is StopReason.FINAL_ANSWER:
+            self.answer = stop
+            return []
+        if stop is not None:
+            raise self._stop(stop)
+        self.guards.on_reply(s, calls)
+        rejected = {v.call.id: r for v, r in zip(checked.violations, given, strict=True) if v.call is not None}
+        self.turn = _Turn(calls, rejected, list(given))
+        return calls
+
+    async def model_request(self, send: Callable[[Request, str | None], Awaitable[T]],
+                            to_reply: Callable[[T], Reply]) -> T:
+        """One model request the framework makes: `before_request`, then `send(request, note)` (the
+        framework's own request; `request.max_tokens` is the bound to send, `note` a nudge to add as a
+        user message, or None) under the run's wall clock, then `reply(to_reply(response))`. The
+        framework's response; raises the stop. What `send` raises ends the run `endpoint_error` (the
+        stop is written) and is raised on unchanged."""
+        request, note = await self.before_request()
+        deadline = self.state.deadline()
+        clock = asyncio.timeout(None if deadline is None else deadline - time.monotonic())  # one timer, no wrapper
+        try:
+            async with clock:
+                response = await send(request, note)
+        except TimeoutError:
+            if not clock.expired():  # the framework's own timeout: its error
+                self.finish(Stop(StopReason.ENDPOINT_ERROR, "the model request raised TimeoutError"))
+                raise
+            limit, elapsed = self.state.limits.max_wall_seconds, self.state.elapsed()
+            raise self._stop(Stop(StopReason.MAX_WALL_SECONDS, f"{elapsed:.2f}s elapsed: the model request was "
+                                  f"still running at max_wall_seconds={limit:g}",
+                                  {"limit": limit, "value": round(elapsed, 3)})) from None
+        except asyncio.CancelledError:
+            self.finish(cancelled=True)
+            raise
+        except FenceStop:
+            raise
+        except BaseException as exc:
+            self.finish(Stop(StopReason.ENDPOINT_ERROR, f"the model request raised {type(exc).__name__}: {exc}"))
+            raise
+        self.reply(to_reply(response))
+        return response
+
+    # -- one tool call -----------------------------------------------------------------------------
+    async def call(self, call_id: str, execute: Callable[[], Awaitable[Any]]) -> Any:
+        """One call of the last reply, as the framework runs it: answered from the read-only cache,
+        refused (the gate, a guard's refusal, a nudge), or executed by `execute()` (the framework's
+        own tool function) under tool_timeout_s. What the framework gets back: the function's own
+        value when it ran, else the result text loopfence gives the model. Raises the stop; what
+        `execute()` raises is recorded as the call's error result and raised on unchanged."""
+        self._refuse_if_finished()
+        turn = self.turn
+        if turn is not None and call_id in turn.rejected:  # feedback mode: the contract answered it
+            return turn.rejected.pop(call_id).content
+        c = turn.take(call_id) if turn is not None else None
+        if c is None or turn is None:  # not asked for by a reply of this run (a resumed deferred call)
+            return await execute()
+        async with self._lock:
+            self._refuse_if_finished()
+            ran: list[Any] = []  # the value, or ("raised", exc)
+            result, stop = await run_call(self.state, self.log, self.guards, c,
+                                          lambda checked: self._execute(checked, execute, ran), turn.results)
+        if stop is not None:
+            raise self._stop(stop)
+        assert result is not None
+        if ran and result.decision == "executed":
+            if isinstance(ran[0], _Raised):
+                raise ran[0].exc
+            return ran[0]
+        return result.content
+
+    async def _execute(self, c: CheckedCall, execute: Callable[[], Awaitable[Any]], ran: list[Any]) -> ToolResult:
+        """The framework's function, run by loopfence's executor (timeout, structured errors, the
+        result cap): its value is kept for the framework, its exception for raising on."""
+        async def fn() -> Any:
+            try:
+                value = await execute()
+            except Exception as exc:  # the model gets the error as a result; the framework its exception
+                ran.append(_Raised(exc))
+                raise
+            ran.append(value)
+            return to_jsonable_python(value, fallback=repr)  # what the log can hold (the framework keeps the value)
+
+        announce(self.state, self.log, c)
+        token = _RUNNING.set(fn)
+        try:
+            result = await self._executor.aexecute(c.tool, c.args, self.state.tool_timeout())
+        finally:
+            _RUNNING.reset(token)
+        self.state.in_flight = None
+        return result
+
+    # -- from sync code (a framework whose hooks are plain functions) -------------------------------
+    def model_request_sync(self, send: Callable[[Request, str | None], T], to_reply: Callable[[T], Reply]) -> T:
+        """`model_request` for a framework calling from sync code, with a blocking `send`: the async
+        core, driven on this run's own event loop. Under a wall clock `send` runs on a worker thread,
+        so the clock can cut it (the run goes on without it); without one, right here."""
+        timed = self.state.deadline() is not None
+
+        async def asend(request: Request, note: str | None) -> T:
+            return await in_thread(send, request, note) if timed else send(request, note)
+
+        return self._drive(self.model_request(asend, to_reply))
+
+    def call_sync(self, call_id: str, execute: Callable[[], Any]) -> Any:
+        """`call` for a framework calling from sync code, with a blocking `execute`: the async core,
+        driven on this run's own event loop; calls arriving on several threads at once (one reply's
+        parallel calls) run one at a time. Under a timeout `execute` runs on a worker thread, so
+        tool_timeout_s can cut it; without one, right here."""
+        timed = self.state.tool_timeout() is not None
+
+        async def aexecute() -> Any:
+            return await in_thread(execute) if timed else execute()
+
+        return self._drive(self.call(call_id, aexecute))
+
+    def _drive(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run one step of the async core to its end from sync code: on this run's own event loop
+        (made once, closed when the run finishes), or, where this thread is already running a loop,
+        as `run_sync` does (on a runner thread of its own)."""
+        with self._sync_lock:
+            if _loop_running():
+                return run_sync(coro)
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            try:
+                return self._loop.run_until_complete(coro)
+            finally:
+                if self.result is not None:
+                    self._close_loop()
+
+    def _close_loop(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_running():  # a run finishing inside _drive: closed after it
+            self._loop = None
+            close_loop(loop)
+
+    def end_turn(self) -> str | None:
+        """Once every call of the last reply has its result (the next request calls this itself):
+        after_turn (no_progress, a nudge that is due). A nudge to add to the conversation as a user
+        message, or None; raises the stop. Calls the framework never ran are answered not_executed."""
+        turn, self.turn = self.turn, None
+        if turn is None:
+            return None
+        s = self.state
+        for call in list(s.pending):  # a call the framework did not run (its own validation refused it)
+            body = refusal("not_executed", message="the framework did not run this call")
+            record(s, self.log, call, body, key=None)
+            turn.results.append(body)
+        if stop := end_turn(s, self.log, self.guards, turn.calls, turn.results):
+            raise self._stop(stop)
+        return deliver_note(s)
+
+    # -- the end -----------------------------------------------------------------------------------
+    def finish(self, stop: Stop | None = None, *, error: BaseException | None = None,
+               cancelled: bool = False) -> RunResult:
+        """The stop line and the ledger (once: later calls return the same result). `stop` None: the
+        framework ended its run, with the answer the last reply gave; `error`: the framework's run
+        raised it; `cancelled`: its task was cancelled."""
+        if self.result is not None:
+            return self.result
+        if cancelled:
+            stop = Stop(StopReason.CANCELLED, "cancelled: the task running the framework's agent was cancelled")
+        elif error is not None and self.answer is None:
+            stop = Stop(StopReason.INTERNAL_ERROR, f"the framework's run raised {type(error).__name__}: {error}",
+                        {"traceback": "".join(traceback.format_exception(error))})
+        elif stop is None:
+            stop = self.answer or Stop(StopReason.EMPTY_ANSWER, "the framework ended its run with no answer")
+        self.result = finish(self.state, self.log, stop, self.final)
+        self.fence.results.append(self.result)
+        self._close_loop()
+        return self.result
+
+    def _stop(self, stop: Stop) -> FenceStop:
+        return self.stop_error(stop, self.finish(stop))
+
+    def _refuse_if_finished(self) -> None:
+        if self.result is not None:  # the run has stopped: nothing more is asked or run
+            raise self.stop_error(self.result.stop, self.result)
+
+
+def _loop_running() -> bool:
+    """Whether this thread is running an event loop now."""
+    return asyncio._get_running_loop() is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    exc: BaseException
