@@ -36,7 +36,7 @@ CONCURRENCY = 16  # loopfence batch's default; inspect's max_samples "at ours"
 INSPECT_GOAL = 20  # loopfence's harness CPU per episode at most 1/20 of inspect_ai's
 
 
-def bump(key: str) -> str:
+async def bump(key: str) -> str:  # async, as inspect_ai's tool below must be: the same episode on both
     """Record one side effect under a key.
 
     Args:

@@ -10,6 +10,11 @@ from typing import Any, Literal
 __all__ = ["Limits", "Policy", "Ledger", "LedgerSnapshot", "parse_limit"]
 
 
+def _fields_of(obj: Any) -> dict[str, Any]:
+    """A flat dataclass's fields as a dict (its values are scalars: no deep copy, unlike asdict)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Every budget and repetition rule of a run. `None` means unlimited; there is no magic 0.
@@ -47,7 +52,7 @@ class Limits:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _fields_of(self)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -157,7 +162,7 @@ class Policy:
     def to_json(self) -> dict[str, Any]:
         """As the log header records it; `nudge` and `last_answer` only when on (a header without
         them reads as off, as every log written before they existed)."""
-        out = dataclasses.asdict(self)
+        out = _fields_of(self)
         for flag in ("nudge", "last_answer"):
             if not out[flag]:
                 del out[flag]
@@ -192,7 +197,7 @@ class LedgerSnapshot:
     def to_json(self) -> dict[str, Any]:
         """The stop line's ledger; `cost_usd` only where the run was priced, `nudges` only where
         one was given (logs written before either existed read the same)."""
-        out = dataclasses.asdict(self)
+        out = _fields_of(self)
         if self.cost_usd is None:
             del out["cost_usd"]
         if not self.nudges:

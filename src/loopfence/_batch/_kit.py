@@ -7,6 +7,8 @@ limits, policy, params, prices and header lines): the local engine keeps one, an
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,10 +93,17 @@ class Kit:
         except Exception as exc:  # noqa: BLE001 - an episode that cannot start is an error row
             return EpisodeResult.failed(ep.id, f"cannot start: {type(exc).__name__}: {exc}", ep.metadata, attempts)
         header: dict[str, Any] = {**self.header, "batch": {"id": ep.id, "attempt": attempts,
-                                                           "out": str(folder.resolve())}}
+                                                           "out": _resolved(folder) if folder.is_absolute()
+                                                           else str(folder.resolve())}}
         if ws is not None:
             header["workspace"] = str(ws)
         result = await arun(ep.task, model=model, tools=tools, limits=limits, policy=ep.effective_policy(self.policy),
                             system=ep.system, params={**self.params, **ep.params}, log=log, header=header,
                             prices=self.prices)
         return EpisodeResult.of_run(ep.id, result, ep.metadata, attempts, rel)
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(folder: Path) -> str:
+    """An absolute batch folder's real path (resolved once, not once per episode)."""
+    return str(folder.resolve())

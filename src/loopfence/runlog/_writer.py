@@ -65,8 +65,12 @@ class RunLog:
         self._fh: IO[bytes] | None = None
         self._broken: LogWriteError | None = None  # a write failed: every later write refuses
         if self.path is not None:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "ab" if append else "wb", buffering=0)  # noqa: SIM115
+            mode = "ab" if append else "wb"
+            try:
+                self._fh = open(self.path, mode, buffering=0)  # noqa: SIM115
+            except FileNotFoundError:  # its folder is new (checked only then: a batch opens thousands)
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                self._fh = open(self.path, mode, buffering=0)  # noqa: SIM115
 
     @property
     def t0(self) -> float:
