@@ -16,13 +16,13 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[agents,docs,mcp,otel,pydantic-ai,ray,test]"
+	$(PIP) install -q -e ".[agents,docs,langchain,mcp,otel,pydantic-ai,ray,test]"
 	touch $@
 
 # The embedded model: llama-cpp-python compiles from source (about 5 minutes on 2 cores, cached after).
 $(LOCAL): $(BASE)
 	@echo "installing loopfence[local] (llama-cpp-python builds from source the first time; ~5 min)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[agents,docs,local,mcp,otel,pydantic-ai,ray,test]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[agents,docs,langchain,local,mcp,otel,pydantic-ai,ray,test]"
 	touch $@
 
 # bubblewrap for run_command's sandbox; installed where this machine lets us.

@@ -13,6 +13,8 @@ from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
+from loopfence.integrations import FenceStop
+
 from ..common import Outcome, Script, Source, Workspace, calls_of, describe_exception, final_text
 
 NAME = "openai-agents"
@@ -50,16 +52,23 @@ class SourceModel(Model):
         raise NotImplementedError("the benchmark does not stream")
 
 
-def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False) -> Callable[[], Outcome]:
-    """Build the agent now; the returned call runs it (this is what the overhead section times)."""
+def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False,
+            fence: Any = None) -> Callable[[], Outcome]:
+    """Build the agent now; the returned call runs it (this is what the overhead section times).
+    `fence`: an AgentsFence (agents_sdk_fenced_fw's) whose `fence.agent(agent)` is run instead; a
+    FenceStop it raises ends the run named by its stop."""
     source = Source(script, cap)
     agent = Agent(name="bench", instructions="Do the task.", model=SourceModel(source),
                   tools=[function_tool(fn) for fn in ws.tools.values()])
+    if fence is not None:
+        agent = fence.agent(agent)
     kwargs: dict[str, Any] = {"max_turns": cap + 1} if unbounded else {}
 
     def go() -> Outcome:
         try:
             result = Runner.run_sync(agent, "Do the task.", **kwargs)
+        except FenceStop as stop:  # only with a fence
+            return Outcome(source.calls, ws.executions, f"{stop.reason} (FenceStop)")
         except Exception as exc:  # noqa: BLE001 - how it ended is the measurement
             return Outcome(source.calls, ws.executions, "cap" if source.capped else describe_exception(exc))
         return Outcome(source.calls, ws.executions, "final answer", str(result.final_output or ""))

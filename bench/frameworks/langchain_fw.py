@@ -17,6 +17,8 @@ from langchain_core.output_parsers.openai_tools import make_invalid_tool_call, p
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict
 
+from loopfence.integrations import FenceStop
+
 from ..common import Outcome, Script, Source, Workspace, calls_of, describe_exception, final_text
 
 NAME = "langchain"
@@ -61,19 +63,27 @@ class ScriptChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False) -> Callable[[], Outcome]:
-    """Build the agent now; the returned call runs it (this is what the overhead section times)."""
+def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False,
+            fence: Any = None) -> Callable[[], Outcome]:
+    """Build the agent now; the returned call runs it (this is what the overhead section times).
+    `fence`: a middleware to add (langchain_fenced_fw's FenceMiddleware); a FenceStop it raises ends
+    the run named by its stop."""
     source = Source(script, cap)
-    agent = create_agent(ScriptChatModel(source=source), tools=list(ws.tools.values()))
+    agent = create_agent(ScriptChatModel(source=source), tools=list(ws.tools.values()),
+                         middleware=() if fence is None else [fence])
     config: dict[str, Any] = {"recursion_limit": 4 * cap + 10} if unbounded else {}
 
     def go() -> Outcome:
         try:
             state = agent.invoke({"messages": [{"role": "user", "content": "Do the task."}]}, config=config)
+        except FenceStop as stop:  # only with a fence
+            return Outcome(source.calls, ws.executions, f"{stop.reason} (FenceStop)")
         except Exception as exc:  # noqa: BLE001 - how it ended is the measurement
             return Outcome(source.calls, ws.executions, "cap" if source.capped else describe_exception(exc))
         last = state["messages"][-1]
         answer = last.content if isinstance(last.content, str) else str(last.content)
+        if fence is not None:  # the fenced adapter's own words
+            return Outcome(source.calls, ws.executions, "final answer" if answer else "empty answer", answer or None)
         ended = "final answer" if answer else "ended with an empty answer (no tool calls)"
         if getattr(last, "invalid_tool_calls", None):
             ended = "ended as an answer: the malformed call was dropped (invalid_tool_calls)"

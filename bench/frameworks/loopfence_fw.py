@@ -23,6 +23,13 @@ UNBOUNDED = Limits(max_steps=None, max_tool_calls=None, max_prompt_tokens=None,
                    max_completion_tokens=None)
 
 
+def fence_options(script: Script, ws: Workspace, unbounded: bool) -> dict[str, Any]:
+    """What the fenced adapters (*_fenced_fw) give their framework's fence: the script's tool kinds,
+    default Limits (UNBOUNDED for overhead runs) and a run log in a real file."""
+    return {"kinds": script.kinds, "limits": UNBOUNDED if unbounded else Limits(),
+            "log": str(ws.root / "loopfence-run.jsonl")}
+
+
 def version() -> str:
     return loopfence.__version__
 

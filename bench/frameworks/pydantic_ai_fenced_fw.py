@@ -4,18 +4,12 @@ Agent, FunctionModel and tools as pydantic_ai_fw, plus `capabilities=[FenceCapab
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from pydantic_ai import Agent
-from pydantic_ai.usage import UsageLimits
-
-from loopfence import Limits
-from loopfence.integrations import FenceStop
 from loopfence.integrations.pydantic_ai import FenceCapability
 
-from ..common import Outcome, Script, Source, Workspace, describe_exception
-from .loopfence_fw import UNBOUNDED
-from .pydantic_ai_fw import _model
+from ..common import Outcome, Script, Workspace
+from . import pydantic_ai_fw
+from .loopfence_fw import fence_options
 from .pydantic_ai_fw import version as version  # noqa: PLC0414 - the framework's version
 
 NAME = "pydantic-ai + loopfence"
@@ -24,23 +18,9 @@ DEFAULTS = "Agent() defaults plus FenceCapability(kinds=...) with loopfence's de
 
 
 def prepare(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False) -> Callable[[], Outcome]:
-    """Build the agent now; the returned call runs it (this is what the overhead section times)."""
-    source = Source(script, cap)
-    fence = FenceCapability(kinds=script.kinds, limits=UNBOUNDED if unbounded else Limits(),
-                            log=str(ws.root / "loopfence-run.jsonl"))
-    agent: Agent[None, str] = Agent(_model(source), tools=list(ws.tools.values()), capabilities=[fence])
-    kwargs: dict[str, Any] = {"usage_limits": UsageLimits(request_limit=None)} if unbounded else {}
-
-    def go() -> Outcome:
-        try:
-            result = agent.run_sync("Do the task.", **kwargs)
-        except FenceStop as stop:
-            return Outcome(source.calls, ws.executions, f"{stop.reason} (FenceStop)")
-        except Exception as exc:  # noqa: BLE001 - how it ended is the measurement
-            return Outcome(source.calls, ws.executions, "cap" if source.capped else describe_exception(exc))
-        return Outcome(source.calls, ws.executions, "final answer", result.output)
-
-    return go
+    """pydantic_ai_fw's agent with the fence added as a capability."""
+    fence = FenceCapability(**fence_options(script, ws, unbounded))
+    return pydantic_ai_fw.prepare(script, ws, cap=cap, unbounded=unbounded, fence=fence)
 
 
 def run_script(script: Script, ws: Workspace, *, cap: int, unbounded: bool = False) -> Outcome:

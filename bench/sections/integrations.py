@@ -28,7 +28,8 @@ TITLE = "Integrations: the fence inside other frameworks"
 QUICK_CAP = 200
 # (bare framework adapter, the same with loopfence's integration): one entry per framework
 INTEGRATIONS: list[tuple[str, str]] = [("pydantic_ai", "pydantic_ai_fenced"),
-                                      ("agents_sdk", "agents_sdk_fenced")]
+                                      ("agents_sdk", "agents_sdk_fenced"),
+                                      ("langchain", "langchain_fenced")]
 FULL = {"ns": (20, 50, 100), "reps": 9}
 QUICK = {"ns": (10, 30), "reps": 2}
 

@@ -59,9 +59,10 @@ from ..tools._executor import DEFAULT_RESULT_CAP, Executor, ToolResult, refusal
 from ..tools._registry import Tool, ToolKind
 from ..tools._registry import tool as make_tool
 
-__all__ = ["Fence", "FencedRun", "FenceStop"]
+__all__ = ["Fence", "FencedRun", "FenceStop", "Fenced", "versions"]
 
 T = TypeVar("T")
+ORDER_GRACE_S = 2.0  # call_sync: how long a call waits for an earlier call of its reply to be passed in
 LogArg = str | Path | RunLog | Callable[[], "str | Path | RunLog"] | None
 
 
@@ -73,6 +74,7 @@ class FenceStop(Exception):
         super().__init__(f"loopfence stopped the run: {stop.reason}: {stop.detail}")
         self.stop = stop
         self.result = result
+        self.message = str(self)  # what a framework's own error types print (AgentRunError, AgentsException)
 
     @property
     def reason(self) -> StopReason:
@@ -230,6 +232,7 @@ class FencedRun:
         self._executor = Executor(fence.result_cap)
         self._loop: asyncio.AbstractEventLoop | None = None  # the sync wrappers' event loop
         self._sync_lock = threading.Lock()
+        self._turn_taken = threading.Condition(self._sync_lock)  # a call of the reply has run (call_sync)
         state.log = log
 
     @property
@@ -371,30 +374,54 @@ class FencedRun:
 
     def call_sync(self, call_id: str, execute: Callable[[], Any]) -> Any:
         """`call` for a framework calling from sync code, with a blocking `execute`: the async core,
-        driven on this run's own event loop; calls arriving on several threads at once (one reply's
-        parallel calls) run one at a time. Under a timeout `execute` runs on a worker thread, so
+        driven on this run's own event loop. One reply's calls arriving on several threads at once
+        run one at a time, in the reply's order (as the ring runs them; a call not passed to the fence
+        within ORDER_GRACE_S is not waited for). Under a timeout `execute` runs on a worker thread, so
         tool_timeout_s can cut it; without one, right here."""
         timed = self.state.tool_timeout() is not None
 
         async def aexecute() -> Any:
             return await in_thread(execute) if timed else execute()
 
-        return self._drive(self.call(call_id, aexecute))
+        with self._sync_lock:
+            self._await_turn(call_id)
+            try:
+                return self._drive_locked(self.call(call_id, aexecute))
+            finally:
+                self._turn_taken.notify_all()
 
     def _drive(self, coro: Coroutine[Any, Any, T]) -> T:
+        with self._sync_lock:
+            return self._drive_locked(coro)
+
+    def _drive_locked(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run one step of the async core to its end from sync code: on this run's own event loop
         (made once, closed when the run finishes), or, where this thread is already running a loop,
         as `run_sync` does (on a runner thread of its own)."""
-        with self._sync_lock:
-            if _loop_running():
-                return run_sync(coro)
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            try:
-                return self._loop.run_until_complete(coro)
-            finally:
-                if self.result is not None:
-                    self._close_loop()
+        if _loop_running():
+            return run_sync(coro)
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        try:
+            return self._loop.run_until_complete(coro)
+        finally:
+            if self.result is not None:
+                self._close_loop()
+
+    def _await_turn(self, call_id: str) -> None:
+        """Wait (holding the sync lock between waits) until `call_id` is the reply's first call not yet run."""
+        give_up = time.monotonic() + ORDER_GRACE_S
+        while self.result is None and (first := self._first_waiting(call_id)) is not None and first != call_id:
+            left = give_up - time.monotonic()
+            if left <= 0 or not self._turn_taken.wait(left):
+                return
+
+    def _first_waiting(self, call_id: str) -> str | None:
+        """The id of the reply's first call not yet taken, when `call_id` is one still to take; else None."""
+        turn = self.turn
+        if turn is None or not turn.waiting.get(call_id):
+            return None
+        return next((c.call.id for c in turn.calls if c in turn.waiting.get(c.call.id, ())), None)
 
     def _close_loop(self) -> None:
         loop = self._loop
@@ -454,3 +481,33 @@ def _loop_running() -> bool:
 @dataclass(frozen=True, slots=True)
 class _Raised:
     exc: BaseException
+
+
+class Fenced:
+    """What every integration's entry point shares: it takes a `Fence`, or `Fence`'s keyword
+    arguments, and gives its runs' RunResults (`result`: the last one, `results`: all)."""
+
+    def __init__(self, fence: Fence | None = None, /, **options: Any) -> None:
+        if fence is not None and options:
+            raise TypeError(f"{type(self).__name__} takes a Fence or Fence's keyword arguments, not both")
+        self.fence = fence or Fence(**options)
+
+    @property
+    def result(self) -> RunResult | None:
+        return self.fence.result
+
+    @property
+    def results(self) -> list[RunResult]:
+        return self.fence.results
+
+
+def versions(*dists: str) -> str | None:
+    """The installed versions of a framework's distributions, for the log header ("1.5.2 (core
+    1.8.3)" for two), or None when one is not installed as a distribution."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = [version(d) for d in dists]
+    except PackageNotFoundError:  # pragma: no cover - installed some other way
+        return None
+    return found[0] + "".join(f" ({d.split('-')[-1]} {v})" for d, v in zip(dists[1:], found[1:]))

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import copy
 from dataclasses import dataclass, replace
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +45,9 @@ from pydantic_ai.usage import RequestUsage
 
 from .._json import dumps
 from .._messages import Reply, Request
-from .._stops import RunResult, Stop
 from ..runlog._events import ReplyEvent
 from ..runlog._reader import read_log
-from ._fence import Fence, FencedRun, FenceStop
+from ._fence import Fence, Fenced, FencedRun, FenceStop, versions
 
 __all__ = ["FenceCapability", "PydanticAIFenceStop", "recorded_model", "to_reply", "FRAMEWORK"]
 
@@ -60,17 +58,6 @@ _FINISH = {"tool_call": "tool_calls"}  # pydantic-ai's finish reasons, as chat.c
 class PydanticAIFenceStop(FenceStop, AgentRunError):
     """A loopfence stop ending a pydantic-ai run: `except FenceStop` and `except AgentRunError` both
     catch it; `.stop` holds the reason, detail, limit and value."""
-
-    def __init__(self, stop: Stop, result: RunResult | None = None) -> None:
-        FenceStop.__init__(self, stop, result)
-        self.message = str(self)
-
-
-def _pydantic_ai_version() -> str | None:
-    try:
-        return version("pydantic-ai-slim")
-    except PackageNotFoundError:  # pragma: no cover - installed some other way
-        return None
 
 
 def to_reply(response: ModelResponse, output_tools: frozenset[str] = frozenset()) -> Reply:
@@ -129,24 +116,14 @@ def _task(prompt: Any) -> str:
 
 
 @dataclass(init=False)
-class FenceCapability(AbstractCapability[Any]):
+class FenceCapability(Fenced, AbstractCapability[Any]):
     """loopfence's fence as a pydantic-ai capability: `Agent(..., capabilities=[FenceCapability(...)])`.
     Takes a `Fence`, or `Fence`'s keyword arguments. `result`/`results`: the runs' RunResults."""
 
     def __init__(self, fence: Fence | None = None, /, **options: Any) -> None:
-        if fence is not None and options:
-            raise TypeError("FenceCapability takes a Fence or Fence's keyword arguments, not both")
-        self.fence = fence or Fence(**options)
+        Fenced.__init__(self, fence, **options)
         self.run: FencedRun | None = None
         self._outputs: frozenset[str] = frozenset()
-
-    @property
-    def result(self) -> RunResult | None:
-        return self.fence.result
-
-    @property
-    def results(self) -> list[RunResult]:
-        return self.fence.results
 
     async def for_run(self, ctx: RunContext[Any]) -> FenceCapability:
         """A fresh fenced run for each agent run (the fence's configuration is shared)."""
@@ -195,7 +172,7 @@ class FenceCapability(AbstractCapability[Any]):
         self._outputs = frozenset(t.name for t in params.output_tools)
         tools = [self.fence.tool(t.name, t.parameters_json_schema, t.description or "", _function(ctx, t.name))
                  for t in params.function_tools]
-        self.run = self.fence.start(_task(ctx.prompt), tools, framework=FRAMEWORK, version=_pydantic_ai_version(),
+        self.run = self.fence.start(_task(ctx.prompt), tools, framework=FRAMEWORK, version=versions("pydantic-ai-slim"),
                                     model=getattr(rc.model, "model_name", None), stop_error=PydanticAIFenceStop)
         return self.run
 

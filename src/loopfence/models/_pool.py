@@ -1,8 +1,9 @@
 """One `httpx.AsyncClient` per running event loop, shared by every request a model makes there.
 
 An AsyncClient (its connection pool) belongs to the event loop it is first used on. A model keeps
-one per loop: a thousand concurrent runs on one loop share one pool; a private loop (the sync
-`complete()`, see `_sync`) gets its own and closes it with `release()` before that loop ends.
+one per loop: a thousand concurrent runs on one loop share one pool; the model's own loop for its
+sync calls (`complete()`, see `_sync.SyncLoop`) keeps one from call to call, released when the
+model closes.
 
 Each pool has a gate, a semaphore as wide as the pool: requests beyond it wait here, not in
 httpcore's queue, whose bookkeeping grows with the queue's length on every request (measured: 1,000
