@@ -12,7 +12,6 @@ fenced - bare.
 
 from __future__ import annotations
 
-import gc
 import time
 from types import ModuleType
 from typing import Any
@@ -21,8 +20,7 @@ from ..common import CAP, Outcome, Workspace, quiet
 from ..frameworks import load
 from ..report import Section, table
 from ..scripts import HONEST, MINIMUM, RUNAWAY
-from ..scripts import overhead_script
-from .overhead import warm_up
+from .overhead import time_run, warm_up
 
 TITLE = "Integrations: the fence inside other frameworks"
 QUICK_CAP = 200
@@ -120,21 +118,8 @@ def _ring_per_step(ns: tuple[int, ...], reps: int) -> dict[int, float]:
 
 
 def cpu_run(fw: ModuleType, n: int) -> float:
-    """CPU seconds (all of the process's threads) of one n-step run, the run only: on a shared machine
-    the CPU a run takes is steadier than its wall time (other processes' load is not in it)."""
-    with Workspace() as ws, quiet():
-        go = fw.prepare(overhead_script(n), ws, cap=CAP, unbounded=True)
-        gc.collect()
-        gc.freeze()  # as overhead.time_run: the objects alive before the run are left out of collections
-        try:
-            start = time.process_time()
-            outcome = go()
-            used = time.process_time() - start
-        finally:
-            gc.unfreeze()
-    if outcome.executions != n or not outcome.answered:
-        raise RuntimeError(f"{fw.NAME}: a {n}-step run did not complete: {outcome}")
-    return used
+    """CPU seconds (all of the process's threads) of one n-step run, the run only."""
+    return time_run(fw, n, clock=time.process_time)
 
 
 def _cell(o: Outcome) -> str:

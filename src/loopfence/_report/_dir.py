@@ -10,7 +10,6 @@ stop, pass/fail) where expectations exist. Read here from the files' formats alo
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
