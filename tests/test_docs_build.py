@@ -60,7 +60,7 @@ def test_the_cli_page_holds_every_commands_current_help(site: Path) -> None:
 @needs_mkdocs
 def test_generated_parts_are_on_their_pages(site: Path) -> None:
     log_page = text_of(site / "log-format.html")
-    assert '"format": "loopfence.runlog"' in log_page and "Rain in Oslo" in log_page  # the example log
+    assert '"format":"loopfence.runlog"' in log_page and "Rain in Oslo" in log_page  # the example log
     assert "draft/2020-12/schema" in log_page  # loopfence schema events
     for page in ("log-format", "cli"):  # every marker was replaced
         assert not re.search(r"<!--\s*loopfence-(help|schema|example-log)", (site / f"{page}.html").read_text()), page

@@ -248,7 +248,7 @@ def test_the_header_records_the_script_file_not_its_replies(tmp_path: Path, ws: 
     assert lf("replay", str(log), cwd=tmp_path).returncode == 0
     # cut the run after its first result: resume reads the script file again and finishes it
     lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
-    first_result = next(i for i, x in enumerate(lines) if '"event": "result"' in x)
+    first_result = next(i for i, x in enumerate(lines) if json.loads(x)["event"] == "result")
     log.write_text("".join(lines[:first_result + 1]), encoding="utf-8")
     p = lf("resume", str(log), "--quiet", cwd=tmp_path)
     assert p.returncode == 0, p.stderr

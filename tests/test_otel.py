@@ -130,7 +130,7 @@ def test_a_run_is_one_invoke_agent_span_with_chat_and_execute_tool_children(trac
 
 def test_chat_spans_carry_the_reply_usage_and_the_retry_as_an_event(traced: Any) -> None:
     log, spans, _ = traced
-    replies = [json.loads(x) for x in log.read_text().splitlines() if '"event": "reply"' in x]
+    replies = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "reply"]
     chats = [s for s in spans if s.name.startswith("chat")]
     for step, (chat, reply) in enumerate(zip(chats, replies), 1):
         a = _attrs(chat)
@@ -317,7 +317,7 @@ def test_a_log_cut_off_before_its_stop_ends_every_span_marked_incomplete(tmp_pat
     log = tmp_path / "run.jsonl"
     _http_run(tmp_path, None, log)
     lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
-    cut = next(i for i, x in enumerate(lines) if '"event": "call"' in x and '"intent": true' in x)
+    cut = next(i for i, x in enumerate(lines) if (e := json.loads(x))["event"] == "call" and e.get("intent"))
     (tmp_path / "cut.jsonl").write_text("".join(lines[:cut + 1]), encoding="utf-8")
     spans = spans_from_log(tmp_path / "cut.jsonl")
     root = spans[-1]

@@ -209,8 +209,7 @@ def test_the_default_timeout_is_not_reported_as_lowered(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
     model = ScriptedModel([calls_reply(tool_call("run_command", command="true")), text_reply("done")])
     run("t", model=model, tools=workspace_tools(tmp_path, ["run_command"]), log=log)
-    results = [json.loads(x) for x in log.read_text().splitlines() if '"event": "result"' in x
-               or '"event":"result"' in x]
+    results = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "result"]
     assert results and all("lowered" not in r["content"] for r in results)
 
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
+from types import CoroutineType
 from typing import Any, TypeVar
 
 from ._runner import DRIVE, Drive, drive_sync
@@ -44,24 +44,27 @@ class Expired(Exception):
 # -- metering: CPU of a run's own code on the loop thread, and of its jobs on workers ---------------
 class Meter:
     """CPU seconds of one run: its ring's time on the loop thread between awaits, plus the worker
-    time of its blocking operations (an async adapter's CPU shares the loop and is not counted)."""
+    time of its blocking operations (an async adapter's CPU shares the loop and is not counted).
+    Between awaits the ring's code runs without a pause, so that time is read on the monotonic clock
+    (no system call, where the thread's CPU clock takes one, twice an await): it is the thread's CPU
+    unless the system preempted the thread meanwhile."""
 
     __slots__ = ("cpu", "_mark", "_depth")
 
     def __init__(self) -> None:
         self.cpu = 0.0
-        self._mark = time.thread_time()
+        self._mark = time.perf_counter()
         self._depth = 0
 
     def pause(self) -> None:
         if self._depth == 0:
-            self.cpu += time.thread_time() - self._mark
+            self.cpu += time.perf_counter() - self._mark
         self._depth += 1
 
     def resume(self) -> None:
         self._depth -= 1
         if self._depth == 0:
-            self._mark = time.thread_time()
+            self._mark = time.perf_counter()
 
 
 METER: contextvars.ContextVar[Meter | None] = contextvars.ContextVar("loopfence_meter", default=None)
@@ -84,10 +87,10 @@ async def within(deadline: float | None, aw: Awaitable[T]) -> T:
             return await aw
         left = deadline - time.monotonic()
         if left <= 0:
-            if inspect.iscoroutine(aw):
+            if isinstance(aw, CoroutineType):
                 aw.close()  # never started
             raise Expired
-        if inspect.iscoroutine(aw):  # its synchronous start needs no timer (nothing could cut it)
+        if isinstance(aw, CoroutineType):  # its synchronous start needs no timer (nothing could cut it)
             try:
                 first = aw.send(None)
             except StopIteration as done:
@@ -147,8 +150,8 @@ class Blocking:
 
     def driver(self) -> Drive | None:
         """The run() that may run this call inline: it drives the task awaiting it."""
-        d = DRIVE.get()
-        return d if d is not None and d.task is asyncio.current_task() else None
+        d = DRIVE.get()  # the task stepping on d's loop now (naming the loop spares a getpid())
+        return d if d is not None and d.loop is not None and d.task is asyncio.current_task(d.loop) else None
 
     def __await__(self) -> Generator[Any, None, Any]:
         return (yield from within(None, self).__await__())

@@ -111,6 +111,7 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
     """The run to its stop, whatever happens inside; (its result, the cancel that ended it)."""
     final: list[str | None] = [None, None]  # final answer, partial text of a cut-off reply
     s.log = log
+    log.hold = True  # two writes a step: the ring flushes before each operation it awaits
     ops = _Ops(model, executor, s)
     meter = Meter()
     metered = METER.set(meter)
@@ -282,6 +283,8 @@ async def _count(s: RunState, ops: _Ops) -> None:
     goes wrong, the estimate holds."""
     if interrupted():
         raise KeyboardInterrupt
+    if s.log is not None:
+        s.log.flush()  # the file is whole while the run waits
     try:
         counted = await within(s.deadline(), ops.count(s.view.messages, s.registry.schemas()))
     except (Expired, Exception):  # noqa: BLE001

@@ -126,7 +126,8 @@ class Drive:
         """Run `fn(*args)` on this runner's thread while the task waits; past `deadline` the
         watchdog moves the run to a new runner, where this returns the operation `taken` (its
         `error` None for a deadline, the cancel for Ctrl-C). Otherwise `done`: its value or error."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop  # the loop this task steps on (asyncio.get_running_loop() costs a getpid())
+        assert loop is not None
         op = _Op(fn, args)
         fut = loop.create_future()
         self.op = op
@@ -150,7 +151,6 @@ class Drive:
             if op.how == "taken":
                 self._abandon(loop)
             return
-        running = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(None)  # as on a worker: the tool may run its own loop
         start = time.thread_time()
         value, error = None, None
@@ -159,7 +159,7 @@ class Drive:
         except BaseException as exc:  # noqa: BLE001 - raised again where the operation is awaited
             error = exc
         finally:
-            asyncio.events._set_running_loop(running)
+            asyncio.events._set_running_loop(loop)
         op.cpu = time.thread_time() - start
         if op.claim("done"):
             op.value, op.error = value, error

@@ -181,6 +181,7 @@ async def run_call(s: RunState, log: RunLog, guards: Guards, c: CheckedCall,
     cached = s.cache.get(c.key) if c.tool.kind is ToolKind.READ_ONLY else None
     verdict = guards.before_execution(s, c, cached is not None)
     if isinstance(verdict, Awaitable):  # a decision that waits (the gate's approval hook)
+        log.flush()  # the file is whole while the run waits
         verdict = await verdict
     if isinstance(verdict, Stop):
         if (note := nudge(s, log, verdict, c)) is None:

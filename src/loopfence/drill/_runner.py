@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._json import MAX_LOG_DEPTH, dumps, loads
 from .._loop import run
 from .._stops import RunResult
 from ..runlog import RunLog
@@ -136,13 +137,26 @@ def _merged_mcp(header: dict[str, Any] | None, mcp: Any) -> dict[str, Any]:
     return {"mcp": {"servers": servers}} if servers else {}
 
 
+def _searchable(log_path: Path) -> str:
+    """The run log's text as `log_contains` searches it: the lines as written (compact JSON), then
+    each again with the usual `", "` and `": "` spacing, so either spelling of a field is found."""
+    text = log_path.read_text(encoding="utf-8")
+    spaced = []
+    for line in text.splitlines():
+        try:
+            spaced.append(dumps(loads(line, max_depth=MAX_LOG_DEPTH)))
+        except ValueError:  # a cut last line: searched as written
+            continue
+    return text + "\n" + "\n".join(spaced)
+
+
 def _row(scenario: Scenario, expected: str | None, result: RunResult, calls: list[CallRecord],
          existing: frozenset[str], registry: Registry, log_path: Path) -> DrillResult:
     led = result.ledger
     counts = {k: int(getattr(led, k)) for k in _COUNTS}
     passed, problems = None, ()
     if scenario.expect is not None:
-        log_text = log_path.read_text(encoding="utf-8") if scenario.expect.log_contains else ""
+        log_text = _searchable(log_path) if scenario.expect.log_contains else ""
         observed = Observed(str(result.stop.reason), str(result.verdict), counts, led.elapsed_s,
                             tuple(calls), existing, log_text)
         problems = tuple(mismatches(scenario.expect, observed, lambda n, a: _bind(registry, n, a)))

@@ -178,6 +178,7 @@ class Registry:
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._schemas: list[dict[str, Any]] | None = None  # built once per set of tools
         for t in tools:
             self.add(t)
 
@@ -187,6 +188,7 @@ class Registry:
         if t.name in self._tools:
             raise ValueError(f"tool {t.name!r} is registered twice")
         self._tools[t.name] = t
+        self._schemas = None
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -204,4 +206,7 @@ class Registry:
         return list(self._tools)
 
     def schemas(self) -> list[dict[str, Any]]:
-        return [t.schema() for t in self._tools.values()]
+        """The OpenAI `tools[]` entries (a new list each call; the entries are built once)."""
+        if self._schemas is None:
+            self._schemas = [t.schema() for t in self._tools.values()]
+        return list(self._schemas)
