@@ -103,10 +103,11 @@ class RunState:
 
     def tool_timeout(self) -> float | None:
         """tool_timeout_s, never longer than what is left of max_wall_seconds."""
-        left = None if self.limits.max_wall_seconds is None else \
-            max(0.0, self.limits.max_wall_seconds - self.elapsed())
-        budget = [x for x in (self.limits.tool_timeout_s, left) if x is not None]
-        return min(budget) if budget else None
+        timeout, wall = self.limits.tool_timeout_s, self.limits.max_wall_seconds
+        if wall is None:
+            return timeout
+        left = max(0.0, wall - self.elapsed())
+        return left if timeout is None or left < timeout else timeout
 
     # -- conversation ----------------------------------------------------------------------------
     def append(self, message: dict[str, Any]) -> int:

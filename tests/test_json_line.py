@@ -1,0 +1,42 @@
+"""A log line (`_json.line`, pydantic-core's serializer with the stdlib behind it) reads back as the
+same values the stdlib's `dumps` writes, for any JSON value, lone surrogates and huge numbers too."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loopfence._json import MAX_LOG_DEPTH, dumps, line, loads
+
+_text = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=20)  # surrogates too
+_scalars = st.none() | st.booleans() | st.integers(min_value=-(10**60), max_value=10**60) | \
+    st.floats(allow_nan=False) | _text
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) |
+                       st.dictionaries(_text, inner, max_size=4), max_leaves=20)
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_text, _values, max_size=5))
+def test_a_line_reads_back_as_the_stdlib_writes_it(record: dict) -> None:
+    data = line(record)
+    assert data.endswith(b"\n") and data.count(b"\n") == 1  # one line, whatever the strings hold
+    back = loads(data.decode("utf-8"), max_depth=MAX_LOG_DEPTH)
+    assert _same(back, loads(dumps(record), max_depth=MAX_LOG_DEPTH))
+
+
+def test_a_lone_surrogate_and_non_finite_numbers_are_written_as_dumps_writes_them() -> None:
+    record = {"s": "a\ud800b", "n": float("inf"), "big": 10**400}
+    assert loads(line(record)) == loads(dumps(record))
+    assert b"\\ud800" in line(record)  # escaped: the line is valid UTF-8
