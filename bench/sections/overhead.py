@@ -5,8 +5,9 @@ its run log to a real file. Timed: the run only (agents and tools are built befo
 The garbage collector stays on, but the objects alive before the clock starts (every framework's
 imports: ~290k objects) are frozen out of it: otherwise a full collection, which walks them all,
 is charged to whichever framework happens to trigger it (it doubled some loopfence medians).
-Per step = run time / N; the median of REPS runs. Peak memory: tracemalloc's peak during one
-untimed run at the largest N.
+Per step = the run's CPU time (the process's, all its threads: what the harness costs, not what other
+work on a shared machine takes from it) / N; the median of REPS runs. Peak memory: tracemalloc's
+peak during one untimed run at the largest N.
 """
 
 from __future__ import annotations
@@ -84,14 +85,15 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
     peaks: dict[str, float] = {}
     for name, fw, options in variants:
         warm_up(fw, ns[0], **options)
-        per_step[name] = {n: statistics.median(time_run(fw, n, **options) for _ in range(reps)) / n * 1e6
-                          for n in ns}
+        per_step[name] = {n: statistics.median(time_run(fw, n, time.process_time, **options)
+                                               for _ in range(reps)) / n * 1e6 for n in ns}
         peaks[name] = peak_mib(fw, ns[-1], **options)
     rows = [[_label(frameworks, name), *(f"{per_step[name][n]:,.0f}" for n in ns),
              f"{per_step[name][ns[-1]] / per_step[name][ns[0]]:.2f}x", f"{peaks[name]:.1f}"]
             for name, _, _ in variants]
     parts = [
-        f"Median µs per step over {reps} runs ({', '.join(map(str, ns))} steps), in one process; "
+        f"Median µs of CPU per step (the process's, all threads) over {reps} runs "
+        f"({', '.join(map(str, ns))} steps), in one process; "
         f"peak Python memory (tracemalloc) during a {ns[-1]:,}-step run. Goal for loopfence: at most "
         f"{GOAL_US} µs per step, flat in N; at most {GOAL_MIB} MiB at 1,000 steps.",
         table(["framework", *(f"µs/step @{n}" for n in ns), f"growth {ns[0]}→{ns[-1]}",

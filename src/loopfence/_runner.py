@@ -301,13 +301,14 @@ class _Watchdog:
     thread is woken only when a deadline comes before the one it sleeps until."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()  # arm/disarm take it directly (a Condition's `with` is Python code)
+        self.cond = threading.Condition(self.lock)
         self.active: dict[_Op, tuple[float, Drive]] = {}
         self.wake_at = _INF
         self.thread: threading.Thread | None = None
 
     def arm(self, op: _Op, deadline: float, d: Drive) -> None:
-        with self.cond:
+        with self.lock:
             self.active[op] = (deadline, d)
             if deadline < self.wake_at:
                 self.wake_at = deadline
@@ -317,7 +318,7 @@ class _Watchdog:
                 self.cond.notify()
 
     def disarm(self, op: _Op) -> None:
-        with self.cond:
+        with self.lock:
             self.active.pop(op, None)
 
     def _watch(self) -> None:
