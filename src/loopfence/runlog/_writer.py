@@ -1,4 +1,4 @@
-"""The JSONL run log: one event per line, flushed as it happens.
+"""The JSONL run log: one event per line (compact JSON), written as it happens (see `hold`).
 
 A killed process leaves a log readable up to its last complete line; so does a write that fails
 (a full disk): `LogWriteError` then stops the run, and every later write refuses. Event kinds (field "event"):
