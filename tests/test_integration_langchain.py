@@ -22,13 +22,15 @@ from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import StructuredTool, ToolException
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.errors import GraphRecursionError
 
 from loopfence import Limits, Policy, StopReason
 from loopfence.integrations import FenceStop
 from loopfence.integrations.langchain import FenceMiddleware, LangChainFenceStop, recorded_model, scripted_model
+from loopfence.integrations.langchain import _parameters
 from loopfence.runlog import read_log
-from loopfence.runlog._schema import ResultLine
+from loopfence.runlog._schema import ResultLine, StopLine
 
 from _integration_support import (CAP, DRAWN_TURNS, drawn_script, gated_tools, reaches_its_answer, reconciles,
                                   replays_reports_and_exports, runs_like_the_ring, stops_like_the_ring)
@@ -186,6 +188,73 @@ def test_untrusted_content_gates_a_privileged_call_and_the_agent_gets_the_refusa
     gates = [e.raw["decision"] for e in read_log(tmp_path / "gate.jsonl").events if e.kind == "gate"]
     assert gates == ["tainted", "refused"]
     reconciles(tmp_path / "gate.jsonl")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_approval_hook_lets_a_gated_call_run(mode: str, tmp_path: Path) -> None:
+    wrote, tools = gated_tools()
+    asked: list[tuple[str, int]] = []
+
+    def approve(call: Any, reason: str) -> bool:  # a blocking hook (a person): under invoke, on an event loop
+        asked.append((call.tool.name, threading.get_ident()))
+        return True
+
+    model = scripted_model([_calls(("fetch", {"url": "http://x"})),
+                            _calls(("write_file", {"path": "notes.md", "content": "x"})), "done"])
+    fence = FenceMiddleware(untrusted={"fetch"}, approve=approve, log=str(tmp_path / "approve.jsonl"))
+    out = _invoke(create_agent(model, tools=tools, middleware=[fence]), mode)
+    assert wrote == ["notes.md"] and out["messages"][-1].content == "done"
+    assert [name for name, _ in asked] == ["write_file"]
+    gates = [e.raw["decision"] for e in read_log(tmp_path / "approve.jsonl").events if e.kind == "gate"]
+    assert gates == ["tainted", "approved"]
+    reconciles(tmp_path / "approve.jsonl")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_hung_model_request_is_cut_at_max_wall_seconds_with_a_named_stop(mode: str, tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def replies() -> Any:
+        yield _calls(("flaky", {"n": 1}))
+        release.wait(120)  # the second request hangs until the stop is written
+        yield "late"
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, StopLine):
+            release.set()
+
+    log = tmp_path / "wall.jsonl"
+    fence = FenceMiddleware(limits=Limits(max_wall_seconds=1.0), on_event=on_event, log=str(log))
+    with pytest.raises(LangChainFenceStop) as stopped:
+        _invoke(create_agent(scripted_model(replies()), tools=[flaky], middleware=[fence]), mode)
+    assert stopped.value.reason is StopReason.MAX_WALL_SECONDS and stopped.value.limit == 1.0
+    assert fence.result.ledger.tool_executions == 1 and fence.result.ledger.model_requests == 2
+    reconciles(log)
+
+
+def test_a_tools_schema_is_the_one_langchain_sends_made_once_per_kind_of_tool() -> None:
+    def made(ws: Workspace) -> list[Any]:
+        return [StructuredTool.from_function(fn) for fn in ws.tools.values()]
+
+    with Workspace() as first, Workspace() as second:  # the same functions made afresh: new argument models
+        for a, b in zip(made(first), made(second), strict=True):
+            assert a.args_schema is not b.args_schema
+            assert _parameters(a) == _parameters(b) == convert_to_openai_tool(b)["function"]["parameters"]
+    mine = _parameters(a)
+    mine["properties"].clear()  # a caller's copy: the next run's schema is whole
+    assert _parameters(b) == convert_to_openai_tool(b)["function"]["parameters"]
+
+    def noop(i: int, why: str = "none") -> str:  # the bench's tool's name and text, another signature
+        """Do nothing with a number.
+
+        Args:
+            i: Any number.
+        """
+        return why
+
+    other = StructuredTool.from_function(noop)
+    assert _parameters(other) == convert_to_openai_tool(other)["function"]["parameters"]
+    assert "why" in _parameters(other)["properties"] and "why" not in _parameters(b)["properties"]
 
 
 def test_a_cached_result_is_the_tools_message_and_parallel_calls_run_one_at_a_time(tmp_path: Path) -> None:

@@ -124,3 +124,30 @@ def cpu_run(fw: ModuleType, n: int) -> float:
 
 def _cell(o: Outcome) -> str:
     return f"{o.executions} ({o.model_calls})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Only the per-step rows (no runaway table): `python -m bench.sections.integrations --ns 20,100 --reps 5`."""
+    import argparse
+    import os
+
+    from ..frameworks import available
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--ns", default="20,50,100", help="steps per run, comma list")
+    p.add_argument("--reps", type=int, default=FULL["reps"], help="interleaved runs of each; the least is kept")
+    args = p.parse_args(argv)
+    ns = tuple(int(n) for n in args.ns.split(","))
+    found = {k: v for k, v in available([bare for bare, _ in INTEGRATIONS]).items() if not isinstance(v, str)}
+    pairs, skipped = _pairs(found)
+    print(f"load average at the start: {os.getloadavg()[0]:.2f}")
+    rows = [(bare.NAME, _per_step(bare, fenced, ns, args.reps)) for _, bare, fenced in pairs]
+    ring = _ring_per_step(ns, args.reps)
+    for name, p_ in rows:
+        print(f"{name}: " + "; ".join(f"@{n} {p_['bare'][n]:,.0f} → {p_['fenced'][n]:,.0f} (adds "
+                                      f"{p_['fenced'][n] - p_['bare'][n]:,.0f}, ring {ring[n]:,.0f})" for n in ns))
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}" + (f"; not run: {skipped}" if skipped else ""))
+
+
+if __name__ == "__main__":
+    main()

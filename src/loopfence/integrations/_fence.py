@@ -15,8 +15,10 @@ An adapter (one module per framework: `loopfence.integrations.pydantic_ai`, ...)
 
 `end_turn()` (after_turn: no_progress, a nudge that is due) runs by itself before the next request.
 A framework whose hooks are plain functions calls `model_request_sync(send, to_reply)` and
-`call_sync(call_id, execute)` instead, with blocking `send`/`execute`: the same async core, driven on
-the run's own event loop.
+`call_sync(call_id, execute)` instead, with blocking `send`/`execute`: the same async core, driven
+right on the calling thread with no event loop (`_offload.drive`: the blocking call on a worker thread
+while a clock is set, one hand-off there and back), or on the run's own event loop where a guard's
+decision may wait (an approval hook).
 Every step is the ring's own (`loopfence._steps`), over the same `Guards` and `RunState`, so a fenced
 run's log folds through the ring: `loopfence reconcile` checks it like any other.
 
@@ -29,6 +31,7 @@ stop is written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import traceback
@@ -40,7 +43,7 @@ from typing import Any, TypeVar
 
 from pydantic_core import to_jsonable_python
 
-from .._aio import in_thread, run_sync
+from .._aio import Expired, in_thread, run_sync, within
 from .._compact import Compaction
 from .._contract import CheckedCall, check_reply, requested_max_tokens
 from .._gate import ApprovalHook, UntrustedGate
@@ -58,6 +61,7 @@ from ..runlog._writer import RunLog
 from ..tools._executor import DEFAULT_RESULT_CAP, Executor, ToolResult, refusal
 from ..tools._registry import Tool, ToolKind
 from ..tools._registry import tool as make_tool
+from ._offload import Offload, drive
 
 __all__ = ["Fence", "FencedRun", "FenceStop", "Fenced", "versions"]
 
@@ -160,12 +164,14 @@ class Fence:
         arguments to it (defaults applied) for the canonical key; the kind, untrusted and privileged
         flags come from this fence. `fn`: the tool's Python function, where the framework gives it:
         its signature binds the arguments (as `loopfence.tool(fn)` does, ~10x faster than the schema)
-        when its parameters are the schema's properties; the schema is what the log records either way."""
+        when its parameters are the schema's properties (modelled at the tool's first call); the
+        schema is what the log records either way."""
         params = dict(parameters or {"type": "object"})
-        return Tool.from_schema(name, _framework_call, params, description=description,
-                                kind=self.kinds.get(name, self.default_kind), untrusted=name in self.untrusted,
-                                privileged=self.privileged is not None and name in self.privileged,
-                                isolation="async", args_model=_signature_model(fn, params))
+        return _FrameworkTool.from_schema(name, _framework_call, params, description=description,
+                                          kind=self.kinds.get(name, self.default_kind),
+                                          untrusted=name in self.untrusted,
+                                          privileged=self.privileged is not None and name in self.privileged,
+                                          isolation="async", source=fn)
 
     def start(self, task: str, tools: Iterable[Tool], *, framework: str, version: str | None = None,
               model: str | None = None, system: str | None = None,
@@ -179,14 +185,29 @@ class Fence:
         state, runlog, guards, _ = start(task, _Described(framework, model), list(tools), self.limits, self.policy,
                                          system, None, log, extra, None, header, gate, None, Compaction.off(),
                                          self.on_event, self.prices)
-        return FencedRun(self, state, runlog, guards, stop_error)
+        waits = self.approve is not None or any(type(g).before_execution is not Guard.before_execution
+                                                for g in extra or ())  # a decision that may await
+        return FencedRun(self, state, runlog, guards, stop_error, waits=waits)
 
 
-def _signature_model(fn: Callable[..., Any] | None, params: Mapping[str, Any]) -> Any:
+@dataclass(frozen=True)
+class _FrameworkTool(Tool):
+    """A framework's tool: its arguments bound by the signature of `source` (its Python function),
+    modelled when a call to it is first checked (a run's tools are made at its first request; most
+    are never called), or by the schema where that function's parameters are not its properties."""
+
+    source: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        if self.source is not None:  # the first call: the signature's model, once
+            object.__setattr__(self, "args_model", _signature_model(self.source, self.parameters))
+            object.__setattr__(self, "source", None)
+        return super().validate(args)
+
+
+def _signature_model(fn: Callable[..., Any], params: Mapping[str, Any]) -> Any:
     """The arguments' model of `fn` (the ring's: bound to its signature, defaults applied), when its
     parameters are the schema's properties; None otherwise (the schema binds them)."""
-    if fn is None:
-        return None
     try:
         made = make_tool(fn)
     except Exception:  # noqa: BLE001 - a signature loopfence cannot model: the schema binds the arguments
@@ -217,8 +238,9 @@ class FencedRun:
     """One framework run under the fence. Its methods are the ring's phases; see the module doc."""
 
     def __init__(self, fence: Fence, state: RunState, log: RunLog, guards: Guards,
-                 stop_error: type[FenceStop] = FenceStop) -> None:
+                 stop_error: type[FenceStop] = FenceStop, *, waits: bool = True) -> None:
         self.fence = fence
+        self.waits = waits  # a guard's decision may await (an approval hook): call_sync runs on an event loop
         self.state = state
         self.log = log
         self.guards = guards
@@ -286,20 +308,22 @@ class FencedRun:
         user message, or None) under the run's wall clock, then `reply(to_reply(response))`. The
         framework's response; raises the stop. What `send` raises ends the run `endpoint_error` (the
         stop is written) and is raised on unchanged."""
+        return await self._request(send, to_reply, self.state.deadline())
+
+    async def _request(self, send: Callable[[Request, str | None], Awaitable[T]], to_reply: Callable[[T], Reply],
+                       deadline: float | None) -> T:
+        """`model_request`, `send` awaited until `deadline` (None: `send` keeps the clock itself)."""
         request, note = await self.before_request()
-        deadline = self.state.deadline()
-        clock = asyncio.timeout(None if deadline is None else deadline - time.monotonic())  # one timer, no wrapper
         try:
-            async with clock:
-                response = await send(request, note)
-        except TimeoutError:
-            if not clock.expired():  # the framework's own timeout: its error
-                self.finish(Stop(StopReason.ENDPOINT_ERROR, "the model request raised TimeoutError"))
-                raise
+            response = await within(deadline, send(request, note))  # a timer only if it has to wait
+        except Expired:
             limit, elapsed = self.state.limits.max_wall_seconds, self.state.elapsed()
             raise self._stop(Stop(StopReason.MAX_WALL_SECONDS, f"{elapsed:.2f}s elapsed: the model request was "
                                   f"still running at max_wall_seconds={limit:g}",
                                   {"limit": limit, "value": round(elapsed, 3)})) from None
+        except TimeoutError:  # the framework's own timeout: its error
+            self.finish(Stop(StopReason.ENDPOINT_ERROR, "the model request raised TimeoutError"))
+            raise
         except asyncio.CancelledError:
             self.finish(cancelled=True)
             raise
@@ -341,7 +365,14 @@ class FencedRun:
 
     async def _execute(self, c: CheckedCall, execute: Callable[[], Awaitable[Any]], ran: list[Any]) -> ToolResult:
         """The framework's function, run by loopfence's executor (timeout, structured errors, the
-        result cap): its value is kept for the framework, its exception for raising on."""
+        result cap): its value is kept for the framework, its exception for raising on. A blocking
+        one (`call_sync`) is handed to `drive`'s worker, which keeps the timeout itself."""
+        timeout = self.state.tool_timeout()
+        start = time.monotonic()
+        blocking = isinstance(execute, _Blocking)
+        if isinstance(execute, _Blocking):
+            execute = execute.until(None if timeout is None else start + timeout)
+
         async def fn() -> Any:
             try:
                 value = await execute()
@@ -349,12 +380,14 @@ class FencedRun:
                 ran.append(_Raised(exc))
                 raise
             ran.append(value)
-            return to_jsonable_python(value, fallback=repr)  # what the log can hold (the framework keeps the value)
+            return value if type(value) is str else to_jsonable_python(value, fallback=repr)  # what the log holds
 
         announce(self.state, self.log, c)
         token = _RUNNING.set(fn)
         try:
-            result = await self._executor.aexecute(c.tool, c.args, self.state.tool_timeout())
+            result = await self._executor.aexecute(c.tool, c.args, None if blocking else timeout)
+        except _Late:  # past tool_timeout_s: the run goes on without it
+            result = self._executor.timed_out(c.tool, timeout, time.monotonic() - start)
         finally:
             _RUNNING.reset(token)
         self.state.in_flight = None
@@ -363,50 +396,54 @@ class FencedRun:
     # -- from sync code (a framework whose hooks are plain functions) -------------------------------
     def model_request_sync(self, send: Callable[[Request, str | None], T], to_reply: Callable[[T], Reply]) -> T:
         """`model_request` for a framework calling from sync code, with a blocking `send`: the async
-        core, driven on this run's own event loop. Under a wall clock `send` runs on a worker thread,
-        so the clock can cut it (the run goes on without it); without one, right here."""
-        timed = self.state.deadline() is not None
+        core, driven right here (`_offload.drive`: no event loop). Under a wall clock `send` runs on a
+        worker thread, so the clock can cut it (the run goes on without it); without one, right here."""
+        deadline = self.state.deadline()
 
-        async def asend(request: Request, note: str | None) -> T:
-            return await in_thread(send, request, note) if timed else send(request, note)
+        def asend(request: Request, note: str | None) -> Offload:
+            return Offload(send, (request, note), deadline)
 
-        return self._drive(self.model_request(asend, to_reply))
+        with self._sync_lock:
+            try:
+                return drive(self._request(asend, to_reply, None))
+            finally:
+                self._close_loop_if_finished()
 
     def call_sync(self, call_id: str, execute: Callable[[], Any]) -> Any:
         """`call` for a framework calling from sync code, with a blocking `execute`: the async core,
-        driven on this run's own event loop. One reply's calls arriving on several threads at once
-        run one at a time, in the reply's order (as the ring runs them; a call not passed to the fence
-        within ORDER_GRACE_S is not waited for). Under a timeout `execute` runs on a worker thread, so
-        tool_timeout_s can cut it; without one, right here."""
-        timed = self.state.tool_timeout() is not None
-
-        async def aexecute() -> Any:
-            return await in_thread(execute) if timed else execute()
-
+        driven right here (on this run's own event loop where a guard's decision may wait: an approval
+        hook). One reply's calls arriving on several threads at once run one at a time, in the reply's
+        order (as the ring runs them; a call not passed to the fence within ORDER_GRACE_S is not
+        waited for). Under a timeout `execute` runs on a worker thread, so tool_timeout_s can cut it;
+        without one, right here."""
         with self._sync_lock:
             self._await_turn(call_id)
             try:
+                if not self.waits:
+                    return drive(self.call(call_id, _Blocking(execute)))
+                timed = self.state.tool_timeout() is not None
+
+                async def aexecute() -> Any:
+                    return await in_thread(execute) if timed else execute()
+
                 return self._drive_locked(self.call(call_id, aexecute))
             finally:
+                self._close_loop_if_finished()
                 self._turn_taken.notify_all()
 
-    def _drive(self, coro: Coroutine[Any, Any, T]) -> T:
-        with self._sync_lock:
-            return self._drive_locked(coro)
-
     def _drive_locked(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one step of the async core to its end from sync code: on this run's own event loop
+        """Run one step of the async core to its end from sync code on this run's own event loop
         (made once, closed when the run finishes), or, where this thread is already running a loop,
         as `run_sync` does (on a runner thread of its own)."""
         if _loop_running():
             return run_sync(coro)
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        try:
-            return self._loop.run_until_complete(coro)
-        finally:
-            if self.result is not None:
-                self._close_loop()
+        return self._loop.run_until_complete(coro)
+
+    def _close_loop_if_finished(self) -> None:
+        if self.result is not None:
+            self._close_loop()
 
     def _await_turn(self, call_id: str) -> None:
         """Wait (holding the sync lock between waits) until `call_id` is the reply's first call not yet run."""
@@ -483,6 +520,27 @@ class _Raised:
     exc: BaseException
 
 
+class _Late(asyncio.CancelledError):
+    """A blocking call past tool_timeout_s (thrown in where it was awaited: through the executor,
+    which lets a cancel through, to `_execute`, which answers the call `timeout`)."""
+
+
+class _Blocking:
+    """A framework's blocking function for one call (`call_sync`): `_execute` hands it to `drive`'s
+    worker thread, until the call's deadline."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self) -> Offload:  # a call the fence does not check (not asked for by a reply of this run)
+        return Offload(self.fn, (), None)
+
+    def until(self, deadline: float | None) -> Callable[[], Offload]:
+        return lambda: Offload(self.fn, (), deadline, _Late)
+
+
 class Fenced:
     """What every integration's entry point shares: it takes a `Fence`, or `Fence`'s keyword
     arguments, and gives its runs' RunResults (`result`: the last one, `results`: all)."""
@@ -501,6 +559,7 @@ class Fenced:
         return self.fence.results
 
 
+@functools.cache  # importlib.metadata reads the installed distributions: ~1 ms a call
 def versions(*dists: str) -> str | None:
     """The installed versions of a framework's distributions, for the log header ("1.5.2 (core
     1.8.3)" for two), or None when one is not installed as a distribution."""

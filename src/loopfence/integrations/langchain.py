@@ -31,9 +31,10 @@ it followed; the agent's state does not keep it (the log does).
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, NotRequired
 
@@ -46,6 +47,7 @@ from langchain_core.output_parsers.openai_tools import make_invalid_tool_call, p
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.errors import GraphBubbleUp, GraphRecursionError
+from pydantic import BaseModel
 
 from .._json import dumps
 from .._messages import Reply, Request
@@ -348,10 +350,41 @@ def _answer_of(response: Any) -> AIMessage:
     raise TypeError(f"the model call gave no AIMessage: {type(response).__name__}")
 
 
+_SCHEMAS: dict[Hashable, dict[str, Any]] = {}
+_MAX_CACHED = 1024
+
+
 def _parameters(tool: BaseTool) -> dict[str, Any]:
-    """The JSON schema of the tool's arguments, as LangChain sends it to the model."""
-    params = convert_to_openai_tool(tool)["function"].get("parameters")
-    return params if isinstance(params, dict) else {"type": "object", "properties": {}}
+    """The JSON schema of the tool's arguments, as LangChain sends it to the model: made once per
+    kind of argument model (a tool made afresh for every run, from the same function, has a pydantic
+    class of its own, the same every time: its schema costs ~1 ms to make)."""
+    key = _schema_key(tool)
+    params = _SCHEMAS.get(key) if key is not None else None
+    if params is None:
+        made = convert_to_openai_tool(tool)["function"].get("parameters")
+        params = made if isinstance(made, dict) else {"type": "object", "properties": {}}
+        if key is not None:
+            if len(_SCHEMAS) >= _MAX_CACHED:
+                _SCHEMAS.clear()
+            _SCHEMAS[key] = params
+    return copy.deepcopy(params)
+
+
+def _schema_key(tool: BaseTool) -> Hashable | None:
+    """What LangChain makes the schema of: the tool's type, name and description, and its pydantic
+    argument model's names, doc, config and fields (their annotations, defaults, descriptions);
+    None where the arguments are not a pydantic model, or not hashable."""
+    model = tool.args_schema
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    key = (type(tool), tool.name, tool.description, model.__module__, model.__qualname__, model.__doc__,
+           tuple(b.__qualname__ for b in model.__mro__[1:]), repr(model.model_config),
+           tuple((name, f.annotation, repr(f)) for name, f in model.model_fields.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _function(tool: BaseTool) -> Callable[..., Any] | None:

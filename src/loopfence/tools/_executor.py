@@ -173,7 +173,7 @@ class Executor:
             status, value = "timeout", None
         duration = time.monotonic() - start
         if status == "timeout":
-            return self._timed_out(t, timeout_s, duration)
+            return self.timed_out(t, timeout_s, duration)
         if status == "error":
             exc = value
             fields: dict[str, Any] = {"message": f"{type(exc).__name__}: {exc}"}
@@ -190,7 +190,8 @@ class Executor:
                               violation, untrusted)
         return replace(res, duration_s=duration, untrusted=t.untrusted)
 
-    def _timed_out(self, t: Tool, timeout_s: float | None, duration: float) -> ToolResult:
+    def timed_out(self, t: Tool, timeout_s: float | None, duration: float) -> ToolResult:
+        """The result of a call to `t` cut at `timeout_s` after `duration` seconds (what the model is told)."""
         stopped = "the work was stopped" if t.isolation == "process" else \
             "it was cancelled" if t.isolation == "async" else \
             "the waiting was stopped; an in-thread tool cannot be killed and may still be running"
