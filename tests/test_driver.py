@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from loopfence import Limits, RunLog, ScriptedModel, StopReason, arun, run, tool
+from loopfence import Guard, Limits, RunLog, ScriptedModel, StopReason, arun, run, tool
 from loopfence._aio import MAX_THREADS, interrupted, worker_threads
 from loopfence._runner import watchdog_threads
 from loopfence._loop import arun
@@ -535,6 +535,65 @@ def test_cpu_seconds_of_the_run_are_reported() -> None:
 
     result = run("t", model=_call_then_answer("spin"), tools=[tool(spin)], log=RunLog(None))
     assert result.cpu_s is not None and result.cpu_s >= 0.05
+
+
+def test_the_cpu_seconds_leave_out_what_the_run_awaited() -> None:
+    """An inline async tool or a guard's decision that waits is not the run's CPU."""
+    async def wait_inline() -> str:
+        await asyncio.sleep(0.5)
+        return "ok"
+
+    class SlowPolicy(Guard):
+        def before_execution(self, s, c, reuse):  # noqa: ANN001, ANN201
+            async def ask() -> None:
+                await asyncio.sleep(0.5)
+            return ask()
+
+    def ok() -> str:
+        return "ok"
+
+    for tools, guards, name in (([tool(wait_inline, isolation="inline")], [], "wait_inline"),
+                                ([tool(ok)], [SlowPolicy()], "ok")):
+        result = run("t", model=_call_then_answer(name), tools=tools, guards=guards, log=RunLog(None))
+        assert result.final_answer == "ok"
+        assert result.cpu_s is not None and result.cpu_s < 0.25, (name, result.cpu_s)  # 0.5 s of waiting
+
+
+def test_a_sub_run_in_a_tool_the_run_went_on_without_takes_none_of_its_inline_path() -> None:
+    """A sync tool cut at its timeout keeps running on the old runner thread and starts a sub-run
+    (asyncio.run(arun(...)) over a sync-only model) while the main run, taken over, is mid-step on
+    its new runner: the sub-run's blocking calls are its own (a worker thread), not the main run's."""
+    done = threading.Event()
+    sub: dict[str, object] = {}
+
+    class SyncOnly:
+        def describe(self) -> dict:
+            return {"kind": "sync-only"}
+
+        def complete(self, request):  # noqa: ANN001, ANN201
+            return ScriptedModel([text_reply("sub done")]).complete(request)
+
+    def subagent(q: str) -> str:
+        time.sleep(0.4)  # past tool_timeout_s: the watchdog moves the main run to a new runner
+        try:
+            r = asyncio.run(arun("sub", model=SyncOnly()))
+            sub["result"] = (r.stop.reason, r.final_answer)
+        finally:
+            done.set()
+        return "x"
+
+    class Busy(ScriptedModel):
+        async def acomplete(self, request):  # noqa: ANN001, ANN201
+            if request.step == 2:  # mid-step on the new runner until the sub-run is over
+                end = time.monotonic() + 10  # a hang guard, not a bound on time
+                while not done.wait(0) and time.monotonic() < end:
+                    sum(range(1000))
+            return await super().acomplete(request)
+
+    result = run("main", model=Busy([calls_reply(tool_call("subagent", q="a")), text_reply("main done")]),
+                 tools=[tool(subagent)], limits=Limits(tool_timeout_s=0.2), log=RunLog(None))
+    assert result.final_answer == "main done"
+    assert sub["result"] == (StopReason.FINAL_ANSWER, "sub done")
 
 
 def test_the_callers_context_vars_reach_the_model_and_tools() -> None:

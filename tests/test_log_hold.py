@@ -93,6 +93,8 @@ def test_a_failed_write_names_only_the_lines_really_written() -> None:
     with pytest.raises(LogWriteError) as err:
         log.write("request", **f["request"])
     assert err.value.lines == 0 and "complete" not in str(err.value)
-    with pytest.raises(LogWriteError):  # broken: every later write refuses
+    with pytest.raises(LogWriteError):  # broken: every later write refuses, held or not
         log.write("request", **f["request"])
+    with pytest.raises(LogWriteError):
+        log.write("result", **f["result"])
     log.close()

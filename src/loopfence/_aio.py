@@ -44,27 +44,24 @@ class Expired(Exception):
 # -- metering: CPU of a run's own code on the loop thread, and of its jobs on workers ---------------
 class Meter:
     """CPU seconds of one run: its ring's time on the loop thread between awaits, plus the worker
-    time of its blocking operations (an async adapter's CPU shares the loop and is not counted).
-    Between awaits the ring's code runs without a pause, so that time is read on the monotonic clock
-    (no system call, where the thread's CPU clock takes one, twice an await): it is the thread's CPU
-    unless the system preempted the thread meanwhile."""
+    time of its blocking operations (an async adapter's CPU shares the loop and is not counted)."""
 
     __slots__ = ("cpu", "_mark", "_depth")
 
     def __init__(self) -> None:
         self.cpu = 0.0
-        self._mark = time.perf_counter()
+        self._mark = time.thread_time()
         self._depth = 0
 
     def pause(self) -> None:
         if self._depth == 0:
-            self.cpu += time.perf_counter() - self._mark
+            self.cpu += time.thread_time() - self._mark
         self._depth += 1
 
     def resume(self) -> None:
         self._depth -= 1
         if self._depth == 0:
-            self._mark = time.perf_counter()
+            self._mark = time.thread_time()
 
 
 METER: contextvars.ContextVar[Meter | None] = contextvars.ContextVar("loopfence_meter", default=None)
@@ -150,8 +147,8 @@ class Blocking:
 
     def driver(self) -> Drive | None:
         """The run() that may run this call inline: it drives the task awaiting it."""
-        d = DRIVE.get()  # the task stepping on d's loop now (naming the loop spares a getpid())
-        return d if d is not None and d.loop is not None and d.task is asyncio.current_task(d.loop) else None
+        d = DRIVE.get()
+        return d if d is not None and d.task is asyncio.current_task() else None
 
     def __await__(self) -> Generator[Any, None, Any]:
         return (yield from within(None, self).__await__())

@@ -95,7 +95,9 @@ def line(record: dict[str, Any]) -> bytes:
     writes it (a few µs where the stdlib takes 5-15, and the ring writes four lines a step); what it
     refuses (a lone surrogate) is written by the stdlib, escaped as `dumps` does. JSON's own types are
     written as the stdlib writes them (a float may be spelled `0.000034` for `3.4e-05`: the same
-    number); a set is an array, a date ISO 8601, anything else its `str()`."""
+    number). Other values follow pydantic's rules where it has one (a set is an array, a datetime ISO
+    8601, an enum its value, a dataclass or model an object, bytes UTF-8 text, a None key "None"),
+    else their `str()`."""
     if _fast_json is not None:
         try:
             return _fast_json(record, fallback=str) + b"\n"

@@ -126,8 +126,7 @@ class Drive:
         """Run `fn(*args)` on this runner's thread while the task waits; past `deadline` the
         watchdog moves the run to a new runner, where this returns the operation `taken` (its
         `error` None for a deadline, the cancel for Ctrl-C). Otherwise `done`: its value or error."""
-        loop = self.loop  # the loop this task steps on (asyncio.get_running_loop() costs a getpid())
-        assert loop is not None
+        loop = asyncio.get_running_loop()
         op = _Op(fn, args)
         fut = loop.create_future()
         self.op = op

@@ -93,6 +93,8 @@ class RunLog:
         self._seq += 1
         if self._fh is not None:
             if self.hold and event in _HELD:
+                if self._broken is not None:
+                    raise self._broken
                 self._held.append(line(record))
             else:
                 self._put(line(record))
