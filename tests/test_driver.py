@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from loopfence import Guard, Limits, RunLog, ScriptedModel, StopReason, arun, run, tool
+from loopfence import Guard, Limits, RunLog, ScriptedModel, StopReason, run, tool
 from loopfence._aio import MAX_THREADS, interrupted, worker_threads
 from loopfence._runner import watchdog_threads
 from loopfence._loop import arun
