@@ -3,12 +3,15 @@ same values the stdlib's `dumps` writes, for any JSON value, lone surrogates and
 
 from __future__ import annotations
 
+import json
 import math
+
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopfence._json import MAX_LOG_DEPTH, dumps, line, loads
+from loopfence._json import MAX_LOG_DEPTH, _canonical, _plain, canonical_json, dumps, line, loads
 
 _text = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=20)  # surrogates too
 _scalars = st.none() | st.booleans() | st.integers(min_value=-(10**60), max_value=10**60) | \
@@ -40,3 +43,31 @@ def test_a_lone_surrogate_and_non_finite_numbers_are_written_as_dumps_writes_the
     record = {"s": "a\ud800b", "n": float("inf"), "big": 10**400}
     assert loads(line(record)) == loads(dumps(record))
     assert b"\\ud800" in line(record)  # escaped: the line is valid UTF-8
+
+
+_any = st.recursive(_scalars | st.floats() | st.tuples(st.integers()) | st.sets(st.integers(), max_size=2),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4) |
+                    st.dictionaries(st.integers() | st.booleans() | st.none(), inner, max_size=3), max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_any)
+def test_the_reused_encoders_write_what_a_fresh_stdlib_encoder_writes(value: object) -> None:
+    """canonical_json and dumps reuse one C encoder: byte for byte what json.dumps writes (NaN, sets
+    through `default`, non-string keys, surrogates), and what it raises it still raises."""
+    try:
+        want = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    except TypeError:  # keys of mixed types cannot be sorted: the same error either way
+        with pytest.raises(TypeError):
+            _canonical(value)
+    else:
+        assert _canonical(value) == want
+    assert _plain(value) == json.dumps(value, ensure_ascii=False, default=str)
+
+
+def test_a_cycle_is_still_refused_as_json_dumps_refuses_it() -> None:
+    loop: list = [1]
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular reference"):
+        canonical_json({"a": loop})
+    assert canonical_json({"b": [1, 2.5], "a": 3.0}) == '{"a":3,"b":[1,2.5]}'  # and it goes on working

@@ -35,6 +35,28 @@ MAX_INPUT_BYTES = 32 << 20  # a script, reply-form or scenario file
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 _PLAIN = json.JSONEncoder(ensure_ascii=False, default=str)  # built once: json.dumps builds one per call
 _COMPACT = json.JSONEncoder(ensure_ascii=False, default=str, separators=(",", ":"))
+
+
+def _reused(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """`encoder.encode`, with the stdlib's C encoder built once rather than on every call (half the
+    time of a small message). It skips the circular-reference check; whatever it raises (a cycle
+    ends in RecursionError) is encoded again by `encoder` itself, which raises as json.dumps does."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has it
+        return encoder.encode
+    fast = make(None, encoder.default, json.encoder.encode_basestring, None, encoder.key_separator,
+                encoder.item_separator, encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)
+
+    def encode(value: Any) -> str:
+        try:
+            return "".join(fast(value, 0))
+        except Exception:  # noqa: BLE001 - the full encoder raises (or writes) it as the stdlib does
+            return encoder.encode(value)
+    return encode
+
+
+_canonical = _reused(_CANONICAL)
+_plain = _reused(_PLAIN)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[{]|[\]}]', re.S)
 
@@ -55,10 +77,10 @@ def canonical_json(value: Any) -> str:
     """Sorted keys, compact separators, UTF-8 kept as text; numbers as RFC 8785 has them: an integral
     float is its integer (`30.0` and `30` are one key: a float annotation or a server that sends
     floats must not make the same call look new)."""
-    text = _CANONICAL.encode(value)
+    text = _canonical(value)
     # An integral float within 2**53 always prints with ".0" (repr switches to exponents at 1e16):
     # without that substring there is nothing to rewrite (the usual case: one C-speed scan).
-    return text if ".0" not in text else _CANONICAL.encode(_numbers(value))
+    return text if ".0" not in text else _canonical(_numbers(value))
 
 
 _EXACT = float(2 ** 53)  # beyond it a float may not equal the integer it prints as
@@ -85,7 +107,7 @@ def fingerprint(value: Any) -> str:
 
 def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> str:
     """JSON text that always encodes as UTF-8: lone surrogates are written as \\uXXXX escapes."""
-    text = _PLAIN.encode(value) if indent is None and not sort_keys else \
+    text = _plain(value) if indent is None and not sort_keys else \
         json.dumps(value, ensure_ascii=False, default=str, indent=indent, sort_keys=sort_keys)
     return _escape_surrogates(text)
 
