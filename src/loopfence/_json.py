@@ -42,10 +42,11 @@ def _reused(encoder: json.JSONEncoder) -> Callable[[Any], str]:
     time of a small message). It skips the circular-reference check; whatever it raises (a cycle
     ends in RecursionError) is encoded again by `encoder` itself, which raises as json.dumps does."""
     make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # pragma: no cover - CPython has it
+    try:
+        fast = make(None, encoder.default, json.encoder.encode_basestring, None, encoder.key_separator,
+                    encoder.item_separator, encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)
+    except Exception:  # noqa: BLE001 - pragma: no cover - no C encoder, or another signature
         return encoder.encode
-    fast = make(None, encoder.default, json.encoder.encode_basestring, None, encoder.key_separator,
-                encoder.item_separator, encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)
 
     def encode(value: Any) -> str:
         try:
