@@ -1,5 +1,6 @@
 """A log line (`_json.line`, pydantic-core's serializer with the stdlib behind it) reads back as the
-same values the stdlib's `dumps` writes, for any JSON value, lone surrogates and huge numbers too."""
+same values the stdlib's `dumps` writes, for any JSON value, lone surrogates and huge numbers too; the encoders
+canonical_json and dumps reuse write byte for byte what a fresh stdlib encoder writes."""
 
 from __future__ import annotations
 
@@ -7,11 +8,18 @@ import json
 import math
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopfence._json import MAX_LOG_DEPTH, _canonical, _plain, canonical_json, dumps, line, loads
+from loopfence._json import (
+    MAX_LOG_DEPTH,
+    _canonical,
+    _plain,
+    canonical_json,
+    dumps,
+    line,
+    loads,
+)
 
 _text = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=20)  # surrogates too
 _scalars = st.none() | st.booleans() | st.integers(min_value=-(10**60), max_value=10**60) | \
