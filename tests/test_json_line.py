@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 
 from loopfence._json import (
     MAX_LOG_DEPTH,
+    JsonLimitError,
     _canonical,
     _plain,
     canonical_json,
+    depth,
     dumps,
     line,
     loads,
@@ -79,3 +81,20 @@ def test_a_cycle_is_still_refused_as_json_dumps_refuses_it() -> None:
     with pytest.raises(ValueError, match="Circular reference"):
         canonical_json({"a": loop})
     assert canonical_json({"b": [1, 2.5], "a": 3.0}) == '{"a":3,"b":[1,2.5]}'  # and it goes on working
+
+
+_nested = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) |
+                       st.dictionaries(st.sampled_from(["a", "[", "{"]), inner, max_size=3), max_leaves=30)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_nested, st.integers(min_value=0, max_value=8))
+def test_loads_refuses_exactly_what_nests_deeper_than_its_limit(value: object, limit: int) -> None:
+    """`loads` skips the walk when the text holds too few brackets to nest past the limit: it must
+    still refuse every value deeper than `max_depth`, and only those."""
+    text = json.dumps(value)
+    if depth(value) > limit:
+        with pytest.raises(JsonLimitError, match=f"the limit is {limit}"):
+            loads(text, max_depth=limit)
+    else:
+        assert _same(loads(text, max_depth=limit), json.loads(text))
