@@ -1,6 +1,8 @@
-"""A log line (`_json.line`, pydantic-core's serializer with the stdlib behind it) reads back as the
-same values the stdlib's `dumps` writes, for any JSON value, lone surrogates and huge numbers too; the encoders
-canonical_json and dumps reuse write byte for byte what a fresh stdlib encoder writes."""
+"""The JSON boundary's fast paths against the stdlib, for any value (lone surrogates, huge numbers):
+a log line (`_json.line`, pydantic-core's serializer with the stdlib behind it) reads back as `dumps`
+writes it; the C encoder that canonical_json and dumps reuse writes byte for byte what a fresh
+stdlib encoder writes; `loads`, which skips the depth walk when the text has too few brackets,
+refuses exactly what nests deeper than its limit."""
 
 from __future__ import annotations
 
