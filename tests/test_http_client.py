@@ -50,6 +50,25 @@ def test_request_body_and_headers():
     assert srv.requests[0]["stream"] is True
 
 
+def test_a_lone_surrogate_in_the_conversation_is_sent_escaped():
+    """"\\ud800" is valid JSON a reply or a tool result may carry; UTF-8 cannot hold it. It goes out
+    as its escape (httpx's own `json=` raises UnicodeEncodeError) and the server reads the same text."""
+    text = "before \ud800 after"
+    with FakeServer([OK]) as srv, model(srv) as m:
+        m.complete(Request([{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c",
+                                                                  "content": text}], TOOLS, {}))
+        assert srv.requests[0]["messages"][1]["content"] == text
+        assert srv.headers[0]["content-type"] == "application/json"
+
+
+def test_a_body_that_cannot_be_decoded_is_a_named_stop():
+    bad = {"status": 200, "body": "not gzip at all", "headers": {"Content-Encoding": "gzip"}}
+    with FakeServer([bad]) as srv, model(srv) as m:
+        e = stop_of(m)
+    assert e.stop.reason is StopReason.ENDPOINT_ERROR
+    assert "could not be decoded (Content-Encoding: gzip)" in e.stop.detail, e.stop
+
+
 def test_no_tools_means_no_tool_choice_and_no_key_means_no_authorization():
     with FakeServer([OK]) as srv, model(srv, tool_choice="auto") as m:
         m.complete(Request([{"role": "user", "content": "hi"}], [], {}))

@@ -262,6 +262,13 @@ def test_truncated_reply_is_incomplete_even_without_calls(ws):
     assert result.final_answer is None and result.partial_text == "The answer is"
 
 
+@pytest.mark.parametrize("reason", ["length", "content_filter"])
+def test_a_call_in_a_cut_or_filtered_reply_never_runs(ws, reason):
+    result, _, _ = _go(ws, [calls_reply(tool_call("read_file", path="app/config.py"), finish_reason=reason)])
+    assert result.stop.reason is StopReason.INCOMPLETE_STREAM and reason in result.stop.detail
+    assert result.ledger.tool_executions == 0
+
+
 @pytest.mark.parametrize("param", ["max_tokens", "max_completion_tokens"])
 def test_completion_tokens_equal_to_the_requested_cap_count_as_truncated(ws, param):
     reply = calls_reply(tool_call("read_file", path="app/config.py"), usage=(50, 64))

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from loopfence import StopReason
+from loopfence import Reply, StopReason
+from loopfence._contract import parse_arguments
 from loopfence._stops import StopError
 from loopfence.models._stream import assemble, assemble_sse, reply_from_response
 
@@ -189,3 +192,85 @@ def test_response_objects_without_a_message_are_endpoint_errors(obj):
     with pytest.raises(StopError) as e:
         reply_from_response(obj)
     assert e.value.stop.reason is StopReason.ENDPOINT_ERROR
+
+
+# -- what the log keeps rebuilds what the run acted on ---------------------------------------------
+_IDS = st.one_of(st.none(), st.just(""), st.sampled_from(["call_0", "call_1", "x"]), st.integers(0, 2))
+_NAMES = st.one_of(st.none(), st.just(""), st.sampled_from(["read", "write"]), st.integers(0, 9))
+_ARGS = st.one_of(st.none(), st.just(""), st.sampled_from(['{"p": 1}', '{"p"', "[1]"]),
+                  st.dictionaries(st.sampled_from("ab"), st.integers(), max_size=2),
+                  st.sampled_from([False, True, 0, 1.5, [], ["a"]]))
+_CALL = st.one_of(st.none(), st.fixed_dictionaries({}, optional={
+    "id": _IDS, "type": st.just("function"),
+    "function": st.one_of(st.none(), st.fixed_dictionaries({}, optional={"name": _NAMES, "arguments": _ARGS}))}))
+_CONTENT = st.one_of(st.none(), st.text(max_size=4),
+                     st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=3)}), max_size=2))
+_MESSAGE = st.fixed_dictionaries({"role": st.just("assistant")}, optional={
+    "content": _CONTENT, "tool_calls": st.one_of(st.none(), st.lists(_CALL, max_size=4)),
+    "reasoning_content": st.text(max_size=3)})
+
+
+def _acted_on(reply: Reply) -> tuple:
+    """What the ring acts on: the text, and each call's id, name and what the contract makes of its
+    arguments."""
+    return reply.content, [(c.id, c.name, c.index, parse_arguments(c.arguments)) for c in reply.tool_calls]
+
+
+@given(message=_MESSAGE, finish=st.sampled_from([None, "stop", "tool_calls"]), streamed=st.booleans())
+def test_the_logged_raw_rebuilds_the_reply_the_run_acted_on(message, finish, streamed):
+    """Live, a reply is read leniently (`reply_from_response`, `assemble`); replay and reconcile
+    rebuild it from the log's `raw` with the strict `Reply.from_response`. Both readings agree, and
+    an id made up for a call never repeats another call's."""
+    choice = {"index": 0, "finish_reason": finish, ("delta" if streamed else "message"): message}
+    obj = {"id": "r", "model": "m", "choices": [choice]}
+    live = assemble([obj], done=True) if streamed else reply_from_response(obj)
+    again = Reply.from_response(json.loads(json.dumps(live.raw)))  # as the log writes and reads it
+    assert _acted_on(again) == _acted_on(live)
+    given_ids = [c.get("id") for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    if len({str(i) for i in given_ids if i not in (None, "")}) == len([i for i in given_ids if i not in (None, "")]):
+        assert len({c.id for c in live.tool_calls}) == len(live.tool_calls)
+
+
+def test_a_made_up_id_never_repeats_a_real_one():
+    obj = {"choices": [{"finish_reason": "tool_calls", "message": {"tool_calls": [
+        {"id": "call_1", "function": {"name": "a", "arguments": "{}"}},
+        {"id": "", "function": {"name": "b", "arguments": "{}"}}]}}]}
+    assert [c.id for c in reply_from_response(obj).tool_calls] == ["call_1", "call_1_1"]
+    assert [c.id for c in Reply.from_response(obj).tool_calls] == ["call_1", "call_1_1"]
+
+
+def test_numbers_as_ids_and_names_are_read_as_text():
+    r = assemble([ch({"tool_calls": [{"index": 0, "id": 7, "function": {"name": 5, "arguments": "{}"}}]}),
+                  ch(finish="tool_calls")])
+    assert calls(r) == [("7", "5", "{}", 0)]
+
+
+@pytest.mark.parametrize("args", [False, 0, [], "[1]"])
+def test_arguments_that_are_not_an_object_are_kept_for_the_contract_to_refuse(args):
+    obj = {"choices": [{"finish_reason": "tool_calls", "message": {
+        "tool_calls": [{"id": "c", "function": {"name": "ping", "arguments": args}}]}}]}
+    reason = parse_arguments(reply_from_response(obj).tool_calls[0].arguments)[1]
+    assert reason is StopReason.SCHEMA_MISMATCH  # never read as "no arguments" and run
+
+
+@pytest.mark.parametrize(("chunk", "words"), [
+    ({"choices": {"0": {}}}, "choices must be a list, got dict"),
+    ({"choices": ["x"]}, "choice must be an object, got str"),
+    ({"choices": [{"index": 0, "delta": "hi"}]}, "delta must be an object, got str"),
+    (ch({"tool_calls": {"id": "c"}}), "tool_calls must be a list, got dict"),
+    (ch({"tool_calls": [7]}), "tool_calls item must be an object, got int"),
+    (ch({"tool_calls": [{"index": 0, "function": "read"}]}), "function must be an object, got str"),
+    (ch({"function_call": "read"}), "function_call must be an object, got str")])
+def test_a_malformed_part_of_a_reply_is_a_named_stop_that_says_which(chunk, words):
+    with pytest.raises(StopError) as e:
+        assemble([chunk], done=True)
+    assert e.value.stop.reason is StopReason.ENDPOINT_ERROR and words in e.value.stop.detail
+
+
+@pytest.mark.parametrize(("message", "words"), [
+    ({"content": 42}, "content must be a string or null, got int"),
+    ({"content": None, "tool_calls": {"id": "c"}}, "tool_calls must be a list, got dict")])
+def test_a_malformed_response_object_is_a_named_stop_that_says_which(message, words):
+    with pytest.raises(StopError) as e:
+        reply_from_response({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+    assert e.value.stop.reason is StopReason.ENDPOINT_ERROR and words in e.value.stop.detail

@@ -75,6 +75,8 @@ def _truncated(reply: Reply, max_tokens: int | None) -> str | None:
         return reply.problem or "the stream did not finish"
     if reply.finish_reason == "length":
         return "finish_reason is 'length': the reply was cut off"
+    if reply.finish_reason == "content_filter":
+        return "finish_reason is 'content_filter': the endpoint's filter withheld part of the reply"
     if max_tokens is not None and reply.usage and reply.usage.completion_tokens == max_tokens:
         return f"completion_tokens reached the requested cap ({max_tokens}): treated as truncated"
     return None

@@ -23,7 +23,7 @@ try:  # the log's fast path (pydantic's own serializer, compiled); the stdlib's 
 except ImportError:  # pragma: no cover - pydantic is a dependency
     _fast_json = None
 
-__all__ = ["canonical_json", "fingerprint", "loads", "loads_object", "dumps", "line", "loggable", "depth",
+__all__ = ["canonical_json", "fingerprint", "loads", "loads_object", "dumps", "wire_body", "line", "loggable", "depth",
            "check_depth", "read_bounded", "load_json_items", "json_items", "JsonFileError", "JsonLimitError",
            "MAX_DEPTH", "MAX_LOG_DEPTH", "MAX_INT_DIGITS", "MAX_INPUT_BYTES"]
 
@@ -35,6 +35,7 @@ MAX_INPUT_BYTES = 32 << 20  # a script, reply-form or scenario file
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 _PLAIN = json.JSONEncoder(ensure_ascii=False, default=str)  # built once: json.dumps builds one per call
 _COMPACT = json.JSONEncoder(ensure_ascii=False, default=str, separators=(",", ":"))
+_WIRE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # as httpx's json=
 
 
 def _reused(encoder: json.JSONEncoder) -> Callable[[Any], str]:
@@ -111,6 +112,13 @@ def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> 
     text = _plain(value) if indent is None and not sort_keys else \
         json.dumps(value, ensure_ascii=False, default=str, indent=indent, sort_keys=sort_keys)
     return _escape_surrogates(text)
+
+
+def wire_body(value: Any) -> bytes:
+    """An HTTP request's JSON body, as httpx's `json=` writes it (compact, UTF-8, NaN and infinities
+    refused with ValueError), except that a lone surrogate (a reply or a tool result may hold one) is
+    written as its JSON escape where httpx raises UnicodeEncodeError."""
+    return _escape_surrogates(_WIRE.encode(value)).encode("utf-8")
 
 
 def line(record: dict[str, Any]) -> bytes:

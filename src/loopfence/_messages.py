@@ -12,7 +12,7 @@ from typing import Any
 
 from ._json import canonical_json
 
-__all__ = ["Usage", "ToolCall", "Reply", "Request", "ReplyFormatError", "content_text"]
+__all__ = ["Usage", "ToolCall", "Reply", "Request", "ReplyFormatError", "call_ids", "content_text"]
 
 
 class ReplyFormatError(ValueError):
@@ -126,19 +126,36 @@ def _parse_calls(msg: dict[str, Any]) -> tuple[ToolCall, ...]:
         raw_calls = [{"id": "", "function": legacy}]  # legacy single call; an empty one is no call
     if not isinstance(raw_calls, list):
         raise ReplyFormatError("tool_calls must be a list")
-    out = []
     for i, item in enumerate(raw_calls):
         if not isinstance(item, dict) or not isinstance(item.get("function"), dict):
             raise ReplyFormatError(f"tool_calls[{i}] has no function object")
+    ids = call_ids(["" if item.get("id") is None else str(item["id"]) for item in raw_calls])
+    out = []
+    for i, (item, call_id) in enumerate(zip(raw_calls, ids)):
         fn = item["function"]
         name = fn.get("name")
         if not isinstance(name, str):
             name = "" if name is None else str(name)
-        call_id = item.get("id") or f"call_{i}"
         index = item.get("index", i)
-        out.append(ToolCall(str(call_id), name, fn.get("arguments"),
-                            index if isinstance(index, int) else i))
+        out.append(ToolCall(call_id, name, fn.get("arguments"), index if isinstance(index, int) else i))
     return tuple(out)
+
+
+def call_ids(ids: list[str]) -> list[str]:
+    """A reply's call ids with each empty one filled: `call_<position>`, or, where another call of
+    the reply has that id, the first free `call_<position>_<n>` (the model must tell results apart)."""
+    if all(ids):
+        return ids
+    taken = set(ids)
+    out = []
+    for pos, given in enumerate(ids):
+        if not given:
+            given, n = f"call_{pos}", 1
+            while given in taken:
+                given, n = f"call_{pos}_{n}", n + 1
+            taken.add(given)
+        out.append(given)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

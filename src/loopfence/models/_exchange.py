@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from .._json import loads
+from .._json import loads, wire_body
 from .._messages import Reply
 from .._stops import StopError, StopReason
 from ._errors import error_stop
@@ -53,7 +53,8 @@ class Wire:
 async def attempt(pool: Pool, wire: Wire, body: dict[str, Any], tools: tuple[str, ...]) -> Reply:
     try:
         async with pool.slot(wire.timeout.pool) as client, \
-                client.stream("POST", wire.url, json=body, headers=wire.headers, timeout=wire.timeout) as resp:
+                client.stream("POST", wire.url, content=wire_body(body), headers=wire.headers,
+                              timeout=wire.timeout) as resp:
             return await _read(resp, wire, tools)
     except httpx.TimeoutException as exc:
         raise Retry(StopError(StopReason.ENDPOINT_ERROR, f"{_phase(exc)} timeout talking to {wire.where}",
@@ -77,7 +78,12 @@ async def _read(resp: httpx.Response, wire: Wire, tools: tuple[str, ...]) -> Rep
         raise stop
     if "text/event-stream" in ctype:
         return await _read_stream(resp, wire, tools)
-    raw = await resp.aread()  # a body cut short raises a transport error: retried (nothing was used)
+    try:
+        raw = await resp.aread()  # a body cut short raises a transport error: retried (nothing was used)
+    except httpx.DecodingError as exc:  # e.g. "Content-Encoding: gzip" on a body that is not
+        raise StopError(StopReason.ENDPOINT_ERROR, f"HTTP {status}: the body could not be decoded "
+                        f"(Content-Encoding: {resp.headers.get('content-encoding', 'none')}): {exc}",
+                        status=status) from None
     try:
         obj = loads(raw)  # bounded: nesting and integers (a RecursionError would be a traceback)
     except ValueError as exc:

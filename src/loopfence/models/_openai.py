@@ -207,7 +207,8 @@ class OpenAIModel:
         raise AssertionError("unreachable: _check_time(force=True) raises")
 
     def _wire(self, run_id: str | None = None) -> Wire:
-        headers = {"Accept": "text/event-stream" if self.stream else "application/json"}
+        headers = {"Accept": "text/event-stream" if self.stream else "application/json",
+                   "Content-Type": "application/json"}  # the body: _json.wire_body
         if run_id:  # which run asks: a server may key its state by it (FakeServer: one reply sequence per run)
             headers[RUN_ID_HEADER] = run_id
         if self._key:

@@ -8,7 +8,10 @@ Tool calls are keyed by `index` (the first index may be 1; order is first appear
 where a server omits the index, and a delta with neither continues the current call. A repeated
 id or name is not concatenated (`llm_versionllm_version` is the classic bug); an index reused
 with a different id starts a new call. `arguments` null, missing or "" -> "{}"; arguments sent as
-an object stay an object; empty ids become `call_<position>` (stable under re-chunking).
+an object (or any other JSON value, for the contract to refuse) stay as sent; ids and names sent as
+numbers are text; empty ids become `call_<position>` (stable under re-chunking; never another
+call's id). A part of the reply of the wrong type (choices, a delta, tool_calls, a function) is an
+endpoint error that names it, never a traceback.
 
 The complete-object gate: a reply is complete only if the stream ended with [DONE] or a
 finish_reason. Otherwise it is `Reply(complete=False, problem=...)` and the ring stops with
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._json import loads
-from .._messages import Reply, ReplyFormatError, ToolCall, Usage, content_text
+from .._messages import Reply, ReplyFormatError, ToolCall, Usage, call_ids, content_text
 from .._stops import StopError, StopReason
 from ._errors import error_stop
 from ._sse import DONE, SSEEvent, parse_events
@@ -118,22 +121,28 @@ def _gather(chunks: Iterable[dict[str, Any]]) -> _Parts:
         choices = chunk.get("choices")
         if not choices:
             continue
+        _shape(choices, list, "choices")
         for choice in choices:
+            _shape(choice, dict, "choice")
             if choice.get("index", 0) != 0:
                 continue
             saw_choice = True
             delta = choice.get("delta")
             if delta is None:
                 delta = choice.get("message") or {}
+            _shape(delta, dict, "delta")
             text = delta.get("content")
             if text and type(text) is str:
                 content.append(text)
             tcs = delta.get("tool_calls")
             if tcs:
+                _shape(tcs, list, "tool_calls")
                 for tc in tcs:
-                    _merge(tc, calls, by_index, by_id)
+                    if tc is not None:  # a null entry holds no call
+                        _shape(tc, dict, "tool_calls item")
+                        _merge(tc, calls, by_index, by_id)
             elif delta.get("function_call"):
-                fc = delta["function_call"]
+                fc = _shape(delta["function_call"], dict, "function_call")
                 if fc.get("name") or fc.get("arguments"):
                     _merge({"index": -1, "function": fc}, calls, by_index, by_id)
             fr = choice.get("finish_reason")
@@ -145,9 +154,9 @@ def _gather(chunks: Iterable[dict[str, Any]]) -> _Parts:
 def _merge(tc: dict[str, Any], calls: list[_Call], by_index: dict[int, _Call],
            by_id: dict[str, _Call]) -> None:
     idx = tc.get("index")
-    tid = tc.get("id") or ""
-    fn = tc.get("function") or {}
-    name = fn.get("name") or ""
+    tid = _text(tc.get("id"))
+    fn = _shape(tc.get("function") or {}, dict, "tool call's function")
+    name = _text(fn.get("name"))
     call = None
     if type(idx) is int:
         call = by_index.get(idx)
@@ -172,11 +181,24 @@ def _merge(tc: dict[str, Any], calls: list[_Call], by_index: dict[int, _Call],
     if name and name != call.name:
         call.name = call.name + name if call.name else name  # a name streamed in pieces
     args = fn.get("arguments")
-    if args:
-        if type(args) is str:
+    if type(args) is str:
+        if args:
             call.parts.append(args)
-        else:
-            call.obj = args
+    elif args is not None:  # an object (some servers), or a wrong type the contract refuses
+        call.obj = args
+
+
+def _shape(value: Any, kind: type, what: str) -> Any:
+    """`value` if it is a `kind`; else the endpoint sent a malformed reply: a named stop."""
+    if not isinstance(value, kind):
+        raise StopError(StopReason.ENDPOINT_ERROR, f"the reply's {what} must be "
+                        f"{'a list' if kind is list else 'an object'}, got {type(value).__name__}")
+    return value
+
+
+def _text(value: Any) -> str:
+    """An id or a name as text (some servers send numbers); absent or null is ""."""
+    return "" if value is None else value if type(value) is str else str(value)
 
 
 def _finish(p: _Parts, done: bool, problem: str) -> Reply:
@@ -190,12 +212,12 @@ def _finish(p: _Parts, done: bool, problem: str) -> Reply:
         problem = "HTTP 200 with an empty event stream" if n == 0 else \
             f"the stream ended after {n} chunks without [DONE] or a finish_reason"
     out: list[ToolCall] = []
-    for pos, c in enumerate(calls):
+    for c, call_id in zip(calls, call_ids([c.id for c in calls])):
         if c.parts:
             args: Any = "".join(c.parts)
         else:
             args = c.obj if c.obj is not None else "{}"
-        out.append(ToolCall(c.id or f"call_{pos}", c.name, args, c.index))
+        out.append(ToolCall(call_id, c.name, args, c.index))
     text = "".join(content) if content else None
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if out:
@@ -233,7 +255,9 @@ def assemble_events(events: Iterable[SSEEvent], end: StreamEnd | None = None, *,
 def reply_from_response(obj: Any) -> Reply:
     """A non-streamed chat.completions object -> Reply, with the stream's tolerances: each listed
     call is its own call (position = index), empty names/ids/arguments handled alike. Raises
-    StopError(ENDPOINT_ERROR) for an error body, no choices, or a choice without a message."""
+    StopError(ENDPOINT_ERROR) for an error body, no choices, a choice without a message, or a part
+    of the message of the wrong type. The Reply's `raw` (what the log keeps) is `obj` with its
+    message as read, so `Reply.from_response(raw)` (replay, reconcile) rebuilds this same reply."""
     if not isinstance(obj, dict):
         raise StopError(StopReason.ENDPOINT_ERROR, f"the response is not a JSON object "
                         f"({type(obj).__name__})")
@@ -253,10 +277,18 @@ def reply_from_response(obj: Any) -> Reply:
             delta["content"] = content_text(content)
         except ReplyFormatError as exc:
             raise StopError(StopReason.ENDPOINT_ERROR, f"the response's {exc}") from None
+    elif content is not None and not isinstance(content, str):
+        raise StopError(StopReason.ENDPOINT_ERROR, f"the response's message content must be a string "
+                        f"or null, got {type(content).__name__}")
     tcs = msg.get("tool_calls")
     if isinstance(tcs, list):
         delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(tcs) if isinstance(tc, dict)]
     chunk = {"choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
              "usage": obj.get("usage")}
     reply = assemble([chunk], done=True)
-    return Reply(reply.content, reply.tool_calls, reply.finish_reason, reply.usage, obj)
+    message = {k: v for k, v in msg.items() if k not in ("tool_calls", "function_call")}
+    message["content"] = reply.content
+    if reply.tool_calls:
+        message["tool_calls"] = [{**t.to_wire(), "index": t.index} for t in reply.tool_calls]
+    raw = {**obj, "choices": [{**choice, "message": message}, *choices[1:]]}
+    return Reply(reply.content, reply.tool_calls, reply.finish_reason, reply.usage, raw)

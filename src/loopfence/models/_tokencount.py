@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from .._json import wire_body
+
 __all__ = ["ServerTokenCounter"]
 
 
@@ -71,7 +73,8 @@ class ServerTokenCounter:
         return isinstance(data, dict) and "default_generation_settings" in data
 
     async def _post(self, client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        r = await client.post(f"{self.root}{path}", json=body, headers=self.headers, timeout=self.timeout_s)
+        r = await client.post(f"{self.root}{path}", content=wire_body(body),
+                              headers={**self.headers, "Content-Type": "application/json"}, timeout=self.timeout_s)
         r.raise_for_status()
         data = r.json()
         if not isinstance(data, dict):
