@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopfence import Limits, Policy, RunLog, ScriptedModel, StopReason, run, tool, workspace_tools
+from loopfence._repeats import outcome_fingerprint
 from loopfence.cli import cli
 from loopfence.drill import load_scenario
 from loopfence.runlog import reconcile, replay
@@ -182,6 +183,80 @@ def test_turning_cycles_off(tmp_path: Path) -> None:
     r = _run(tmp_path, [calls_reply(EDIT), calls_reply(TEST)] * 10, _edit_and_test(["1 failed"]),
              limits=Limits(max_cycle_repeats=None, max_identical_results=None))
     assert r.stop.reason is StopReason.MAX_STEPS
+
+
+def test_an_edit_and_a_test_whose_output_carries_its_timing_still_cycle(tmp_path: Path) -> None:
+    """Test runners print how long they took (`Ran 1 test in 0.012s`, `1 failed in 0.05s`): the
+    same failure with another timing is the same outcome."""
+    timings = (f"F\nFAILED (failures=1)\nRan 1 test in 0.0{i}s\n1 failed in {i}.5{i}s (0:00:0{i}) at 12:0{i}:31"
+               for i in itertools.count(1))
+    tools = [tool(lambda path, content: "wrote", name="write"), tool(lambda cmd: next(timings), name="run_tests")]
+    r = _run(tmp_path, [calls_reply(EDIT), calls_reply(TEST)] * 10, tools)
+    assert r.stop.reason is StopReason.REPEATED_RESULT and r.ledger.tool_executions == 6, r.stop.detail
+    _reconciled(tmp_path)
+
+
+_WORDS = st.text(st.characters(codec="utf-8", exclude_characters="0123456789"), max_size=12)
+_DURATIONS = st.builds(lambda n, frac, unit: f"{n}{frac}{unit}", st.integers(0, 999),
+                       st.sampled_from(["", ".5", ".012"]), st.sampled_from(["s", "ms", " s", " seconds", "µs"]))
+
+
+@given(words=st.lists(_WORDS, min_size=2, max_size=4), first=st.lists(_DURATIONS, min_size=3, max_size=3),
+       second=st.lists(_DURATIONS, min_size=3, max_size=3))
+def test_property_outputs_that_differ_only_in_their_timings_are_one_outcome(
+        words: list[str], first: list[str], second: list[str]) -> None:
+    def text(times: list[str]) -> str:
+        return " ".join(f"{w} {t}" for w, t in zip(words, times))
+
+    assert outcome_fingerprint(text(first)) == outcome_fingerprint(text(second))
+    assert outcome_fingerprint(text(first)) != outcome_fingerprint(text(first) + " 1 failed")
+
+
+@pytest.mark.parametrize("kind", ["side_effect", "read_only"])
+def test_one_reply_asking_twenty_times_for_the_same_call_runs_it_once(tmp_path: Path, kind: str) -> None:
+    charged: list[int] = []
+
+    def charge_card(customer: str, amount_cents: int) -> str:
+        charged.append(amount_cents)
+        return f"charge {len(charged)}"
+
+    copies = [tool_call("charge_card", id=f"c{i}", customer="cus_1", amount_cents=500) for i in range(20)]
+    r = _run(tmp_path, [calls_reply(*copies), text_reply("charged")], [tool(charge_card, kind=kind)])
+    assert r.stop.reason is StopReason.FINAL_ANSWER and charged == [500]
+    assert r.ledger.tool_executions == 1 and r.ledger.refused + r.ledger.reused == 19
+    if kind == "side_effect":
+        answers = [m["content"] for m in r.messages if m["role"] == "tool"]
+        assert answers[0] == "charge 1"
+        refused = [json.loads(a) for a in answers[1:]]
+        assert {x["error"] for x in refused} == {"duplicate_call"} and {x["first_call"] for x in refused} == {"c0"}
+        assert "this reply already asked for charge_card" in refused[0]["message"]
+    _reconciled(tmp_path)
+
+
+def test_a_copy_after_another_change_in_the_same_reply_runs_again(tmp_path: Path) -> None:
+    r = _run(tmp_path, [calls_reply(EDIT, TEST, EDIT, TEST), text_reply("done")], _edit_and_test(["1 failed", "passed"]))
+    assert r.stop.reason is StopReason.FINAL_ANSWER and r.ledger.tool_executions == 4 and r.ledger.refused == 0
+
+
+def test_a_nudge_in_the_middle_of_a_reply_runs_nothing_more_of_it(tmp_path: Path) -> None:
+    """The 6th identical result becomes the nudge instead of the stop; the reply's other calls are
+    refused, so the nudge costs no execution (as many as the stop without it)."""
+    runs = {}
+    for nudge in (False, True):
+        done: list[int] = []
+
+        def record(note: str) -> str:
+            done.append(1)
+            return "ok"
+
+        calls = [tool_call("record", id=f"r{i}", note=f"step {i}") for i in range(10)]
+        r = _run(tmp_path, [calls_reply(*calls), text_reply("done")], [tool(record)], policy=Policy(nudge=nudge))
+        runs[nudge] = (r.stop.reason, len(done))
+        if nudge:
+            results = [json.loads(m["content"]) for m in r.messages if m["role"] == "tool" and m["content"] != "ok"]
+            assert {x["error"] for x in results} == {"nudge_pending"} and len(results) == 4
+            _reconciled(tmp_path)
+    assert runs == {False: (StopReason.REPEATED_RESULT, 6), True: (StopReason.FINAL_ANSWER, 6)}
 
 
 # ---------------------------------------------------------------------------- repeats

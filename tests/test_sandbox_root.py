@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -228,3 +230,35 @@ def test_cgroups_left_by_a_killed_loopfence_are_swept(monkeypatch: pytest.Monkey
         assert not any(d.exists() for d in left.dirs)
     finally:
         left.remove()
+
+
+_AS_INIT = """
+import subprocess, sys
+from loopfence import Limits, ScriptedModel, run, workspace_tools
+from loopfence.testing import calls_reply, text_reply, tool_call
+n = 6
+model = ScriptedModel([calls_reply(tool_call("run_command", command=f"echo {i}")) for i in range(n)] + [text_reply("done")])
+r = run("t", model=model, tools=workspace_tools(sys.argv[1]), limits=Limits(max_steps=n + 2))
+rows = [line.split() for line in subprocess.run(["ps", "-eo", "stat,comm"], capture_output=True, text=True).stdout.splitlines()]
+print(r.stop.reason, r.ledger.tool_executions, sum(1 for row in rows if row[-1] == "bwrap" and row[0].startswith("Z")))
+"""
+
+
+@as_root
+def test_as_a_containers_pid_1_no_sandbox_process_is_left_a_zombie(tmp_path: Path) -> None:
+    """`docker run IMAGE loopfence ...` without --init: loopfence is PID 1, and the sandbox's inner
+    bwrap, orphaned when the outer one exits, is its child to reap (one per command otherwise)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = subprocess.run([unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-c", _AS_INIT, str(ws)],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 and "unshare failed" in out.stderr:
+        pytest.skip(f"no PID namespace here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    reason, executions, zombies = out.stdout.split()
+    assert (reason, executions) == ("final_answer", "6")
+    assert int(zombies) <= 1  # at most the last command's, reaped by the next one
+

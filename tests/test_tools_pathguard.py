@@ -135,6 +135,33 @@ def test_missing_folder_for_list_dir_suggests_folders(tmp_path: Path) -> None:
     assert data["error"] == "missing_file" and data["similar"] == ["pages"]
 
 
+@pytest.mark.parametrize("changed", ["readlink", "lstat"])
+def test_a_path_changed_while_it_is_checked_is_refused_without_the_host_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changed: str) -> None:
+    """Another process swaps a folder and a symlink between two looks at it: the check answers a
+    refusal (it never raises), and names only the model's path."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "a.txt").write_text("a")
+    (tmp_path / "d").symlink_to("real")
+    jail = Jail(tmp_path)
+    real_lstat, calls = os.lstat, []
+
+    def gone(*args: object) -> object:
+        raise FileNotFoundError(2, "No such file or directory", str(args[0]))
+
+    def lstat_then_gone(path: object, *rest: object) -> object:
+        calls.append(path)
+        return gone(path) if len(calls) > 3 else real_lstat(path, *rest)  # type: ignore[arg-type]  # the last look
+
+    if changed == "readlink":
+        monkeypatch.setattr("loopfence.tools._pathguard.os.readlink", gone)
+    else:
+        monkeypatch.setattr("loopfence.tools._pathguard.os.lstat", lstat_then_gone)
+    loc = jail.locate("d/a.txt")
+    assert isinstance(loc, Refusal) and "changed while it was being checked" in loc.reason
+    assert str(tmp_path) not in json.dumps(loc.to_dict())
+
+
 def test_a_symlink_swapped_in_after_the_check_is_not_followed(tmp_path: Path) -> None:
     """The open walks the canonical path with O_NOFOLLOW: a race cannot redirect it outside."""
     ws, outside = make_tree(tmp_path)

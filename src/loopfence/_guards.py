@@ -214,12 +214,18 @@ class RepeatedCall(Guard):
     """The same canonical call asked for in `limit` model replies with nothing changed in between
     stops before it runs again. A call's count restarts whenever another side-effecting call is
     executed (scope "change"); scope "run" counts over the whole run. `scope=None`: the run's
-    `Policy.repeat_scope`. Poll tools are exempt."""
+    `Policy.repeat_scope`. Poll tools are exempt.
+
+    Within one reply, a side-effecting call asked for again with nothing changed in between (the
+    same canonical call, e.g. twenty identical `charge_card` calls) runs once: each copy after the
+    first is refused, and its result says so (a read-only copy is answered from the cache instead).
+    After another side-effecting call has run, a copy is a new question, as across replies."""
 
     def __init__(self, limit: int | None, scope: str | None = None) -> None:
         self.limit = limit
         self.scope = scope
         self.counts: RepeatCounts | None = None
+        self.reply_keys: dict[str, CheckedCall] = {}  # this reply's side-effecting calls so far, by key
 
     def _counts(self, s: RunState) -> RepeatCounts:
         if self.counts is None:
@@ -228,10 +234,18 @@ class RepeatedCall(Guard):
 
     def on_reply(self, s: RunState, calls: list[CheckedCall]) -> None:
         self._counts(s).asked({c.key for c in calls if c.tool.kind is not ToolKind.POLL})
+        self.reply_keys = {}
 
-    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | ToolResult | None:
         if self.limit is None or c.tool.kind is ToolKind.POLL:
             return None
+        if c.tool.kind is ToolKind.SIDE_EFFECT:
+            first = self.reply_keys.setdefault(c.key, c)
+            if first is not c:
+                return refusal("duplicate_call", first_call=first.call.id, message=(
+                    f"not run: this reply already asked for {call_text(c.key)} (call {first.call.id}); a "
+                    "side-effecting call runs once per reply. Ask for it again in a later reply if it "
+                    "must run twice."))
         counts = self._counts(s)
         n = counts[c.key]
         if n >= self.limit:
@@ -244,6 +258,8 @@ class RepeatedCall(Guard):
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
         if r.decision == "executed" and c.tool.kind is ToolKind.SIDE_EFFECT:
             self._counts(s).changed(c.key)
+            first = self.reply_keys.get(c.key)
+            self.reply_keys = {} if first is None else {c.key: first}  # the world changed for the others
         return None
 
 

@@ -12,11 +12,14 @@
   results ("the same edit, then the same failing test, forever").
 
 Results are compared by `outcome_fingerprint`: the result's fingerprint without what differs between
-two identical outcomes (the shell's `duration_s`).
+two identical outcomes: the shell's `duration_s`, and the timings a program prints (a test runner's
+`Ran 1 test in 0.012s`, `1 failed in 0.05s (0:00:00)`, go's `(0.00s)`, `Time: 1.2 s`) and clock times
+(`12:04:31`, `2026-12-01T12:04:31.5`), each read as one placeholder.
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterable
 from typing import Literal
@@ -29,6 +32,9 @@ __all__ = ["RepeatScope", "RepeatCounts", "Streak", "CycleTrail", "CYCLE_PERIODS
 RepeatScope = Literal["change", "run"]
 CYCLE_PERIODS = (2, 3)  # a period of 1 is the same call again: repeated_call and the streak see it
 _VOLATILE = "duration_s"
+_TIMING = re.compile(  # a duration with its unit, a clock time (with a date before it, if any)
+    r"(?<![\w.])(?:\d+(?:\.\d+)?\s?(?:ms|µs|us|ns|s|sec|secs|seconds)\b"
+    r"|(?:\d{4}-\d\d-\d\d[T ])?\d\d?:\d\d:\d\d(?:[.,]\d+)?(?!\d))")
 _LABEL_ARGS = ("path", "command", "cmd", "file", "filename", "url", "query", "name")
 _LABEL_CHARS = 40
 
@@ -121,11 +127,11 @@ def _outcome(content: str) -> str:
         try:
             value = loads_object(content)
         except ValueError:
-            return fingerprint(content)
+            value = None
         if isinstance(value, dict) and _VOLATILE in value:
             del value[_VOLATILE]
-            return fingerprint(value)
-    return fingerprint(content)
+            content = canonical_json(value)
+    return fingerprint(_TIMING.sub("<time>", content))
 
 
 def call_label(key: str) -> str:

@@ -179,7 +179,9 @@ async def run_call(s: RunState, log: RunLog, guards: Guards, c: CheckedCall,
     (`execute` announces it and runs it); recorded; checked after. (its result, appended to
     `results`, or None; the stop, or None)."""
     cached = s.cache.get(c.key) if c.tool.kind is ToolKind.READ_ONLY else None
-    verdict = guards.before_execution(s, c, cached is not None)
+    verdict = guards.before_execution(s, c, cached is not None) if s.nudge_note is None else \
+        refusal("nudge_pending", message="not run: a repetition rule stopped this reply's calls; "
+                "read the message after these results first")  # a nudge costs no execution
     if isinstance(verdict, Awaitable):  # a decision that waits (the gate's approval hook)
         log.flush()  # the file is whole while the run waits
         verdict = await verdict

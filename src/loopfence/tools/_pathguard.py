@@ -161,7 +161,10 @@ class Jail:
                 hops += 1
                 if hops > MAX_SYMLINK_HOPS:
                     return Refusal("symlink_loop", path, f"more than {MAX_SYMLINK_HOPS} symlinks")
-                target = os.readlink(self.root.joinpath(*done, comp))
+                try:
+                    target = os.readlink(self.root.joinpath(*done, comp))
+                except OSError:  # no longer a symlink, or gone: something changed it meanwhile
+                    return _changed(path)
                 via = "/".join([*done, comp])
                 if target.startswith("/"):
                     rest = self._strip_root(target)
@@ -179,7 +182,10 @@ class Jail:
             done.append(comp)
         if missing_at is not None:
             return Located(tuple(done), "missing")
-        mode = os.lstat(self.root.joinpath(*done)).st_mode
+        try:
+            mode = os.lstat(self.root.joinpath(*done)).st_mode
+        except OSError:
+            return _changed(path)
         if stat.S_ISDIR(mode):
             return Located(tuple(done), "dir")
         if stat.S_ISREG(mode):
@@ -312,6 +318,11 @@ def _entry_kind(e: os.DirEntry[str]) -> str:
         return "special"
     return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else \
         "symlink" if stat.S_ISLNK(mode) else "special"
+
+
+def _changed(path: str) -> Refusal:
+    return Refusal("invalid_path", path, "the path changed while it was being checked (something else is "
+                   "changing the workspace); try again")
 
 
 def _outside(path: str, why: str) -> Refusal:

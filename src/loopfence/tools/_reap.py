@@ -9,7 +9,7 @@ import signal
 import time
 from collections.abc import Generator
 
-__all__ = ["MARKER_ENV", "exited", "members", "kill_tree", "akill_tree"]
+__all__ = ["MARKER_ENV", "exited", "members", "kill_tree", "akill_tree", "reap_orphans"]
 
 MARKER_ENV = "LOOPFENCE_COMMAND_ID"
 
@@ -92,3 +92,27 @@ def _signal(pgid: int, pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def reap_orphans() -> int:
+    """When this process is PID 1 (a container's init: `docker run IMAGE loopfence ...` without
+    `--init`), the sandbox's inner bwrap processes, orphaned when the outer one exits, become its
+    children and stay zombies unless it reaps them: reap those that have exited. Only zombies named
+    `bwrap`: a child that other code waits for is left to it. How many were reaped."""
+    if os.getpid() != 1:
+        return 0
+    reaped = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                data = fh.read()
+            comm = data[data.index(b"(") + 1:data.rindex(b")")]
+            state, ppid = data.rsplit(b")", 1)[1].split()[:2]
+            if comm == b"bwrap" and state == b"Z" and ppid == b"1":
+                os.waitpid(int(name), os.WNOHANG)
+                reaped += 1
+        except (OSError, ValueError):
+            continue
+    return reaped

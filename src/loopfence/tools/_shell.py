@@ -45,7 +45,7 @@ from typing import Any
 
 from ._cgroup import TreeCgroup
 from ._executor import on_cancel, time_left
-from ._reap import MARKER_ENV, exited, kill_tree
+from ._reap import MARKER_ENV, exited, kill_tree, reap_orphans
 from ._sandbox import SandboxPlan, plan
 from ._seccomp import program
 
@@ -264,6 +264,7 @@ class Shell:
                 if stream is not None:
                     stream.close()
             _LIVE.discard(proc)
+            reap_orphans()  # as a container's PID 1: the sandbox's inner bwrap, orphaned, is ours to reap
         result = self._result(code, timed_out, leftovers, out, err, timeout, time.monotonic() - start, group)
         if group is not None and group.oom_killed():
             result["memory_note"] = (f"the command's process tree reached its memory ceiling "
