@@ -372,3 +372,25 @@ def _script(tmp_path: Path) -> Path:
     p = tmp_path / "script.jsonl"
     p.write_text(json.dumps(text_reply("done")) + "\n")
     return p
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"requests": "many"}, "field 'requests' must be an integer, got str"),
+    ({"prompt_tokens": None}, "field 'prompt_tokens' must be an integer, got NoneType"),
+    ({"seconds": True}, "field 'seconds' must be a number, got bool"),
+    ({"stop": "bogus"}, "field 'stop': unknown stop 'bogus'"),
+    ({"verdict": "MAYBE"}, "field 'verdict': unknown verdict 'MAYBE'"),
+    ({"verdict": ...}, "field 'verdict' is missing")])
+def test_a_hand_edited_results_row_is_refused_by_line_and_field(tmp_path: Path, change: dict[str, Any],
+                                                                words: str) -> None:
+    from loopfence._batch._results import EpisodeResult, ResultsError, ResultsFile
+
+    good = EpisodeResult("e1", "final_answer", "SHIP", "answer after 1 request", requests=1).to_json()
+    row = {k: v for k, v in {**good, **change}.items() if v is not ...}
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ResultsError) as e:
+        ResultsFile(path).load()
+    assert str(e.value) == f"{path}:2: {words}"
+    path.write_text(json.dumps(good) + "\n")
+    assert ResultsFile(path).load()[0] == EpisodeResult.from_json(good)

@@ -162,3 +162,67 @@ def test_an_endpoint_sending_the_same_is_an_endpoint_error(obj: dict[str, Any]) 
     with pytest.raises(StopError) as info:
         reply_from_response(obj)
     assert info.value.stop.reason is StopReason.ENDPOINT_ERROR
+
+
+# 5. nothing the user has is overwritten by mistake
+
+def test_run_log_never_replaces_a_file_that_is_not_a_finished_run_log(tmp_path: Path, script: Path,
+                                                                      log: Path) -> None:
+    source = tmp_path / "config.py"
+    source.write_text("DEBUG = False\n")
+    unfinished = tmp_path / "unfinished.jsonl"
+    unfinished.write_text("".join(log.read_text().splitlines(keepends=True)[:3]))
+    for path, words in ((script, "is not a loopfence run log"), (source, "is not a loopfence run log"),
+                        (unfinished, "loopfence resume")):
+        before = path.read_bytes()
+        line = one_line_error(lf("run", "t", "--script", str(script), "--log", str(path), "--quiet", cwd=tmp_path))
+        assert words in line and str(path.name) in line
+        assert path.read_bytes() == before
+    again = lf("run", "t", "--script", str(script), "--log", str(log), "--quiet", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr  # a finished log: run again into it
+
+
+def test_a_usage_error_found_late_leaves_an_existing_log_whole(tmp_path: Path, script: Path, log: Path) -> None:
+    before = log.read_bytes()
+    line = one_line_error(lf("run", "t", "--script", str(script), "--tools", "nosuchmod_xyz:x", "--log", str(log),
+                             cwd=tmp_path))
+    assert "nosuchmod_xyz" in line and log.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", [["report"], ["export"], ["export", "--format", "otlp"]])
+def test_an_output_that_is_the_input_log_is_refused(tmp_path: Path, log: Path, command: list[str]) -> None:
+    if "otlp" in command:
+        pytest.importorskip("opentelemetry")
+    before = log.read_bytes()
+    line = one_line_error(lf(*command, str(log), "-o", str(log), cwd=tmp_path))
+    assert "that is the input file" in line and log.read_bytes() == before
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("t", float("nan"), "finite"), ("t", 1e308, "less than or equal"), ("seq", -1, "greater than or equal"),
+    ("started_at", "yesterday", "started_at")])
+@pytest.mark.parametrize("command", [["export"], ["reconcile"]])
+def test_a_header_with_an_impossible_time_is_refused_by_line_and_field(tmp_path: Path, log: Path, field: str,
+                                                                      value: Any, words: str, command: list[str]) -> None:
+    lines = log.read_text().splitlines()
+    header = json.loads(lines[0])
+    header[field] = value
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")  # json.dumps writes NaN as NaN
+    line = one_line_error(lf(*command, str(bad), cwd=tmp_path))
+    assert f"{bad.name}:1" in line and field in line and words in line
+
+
+def test_stdout_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([*EXE, "schema", "events"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == "loopfence: cannot write the output: No space left on device"
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf", "soon"])
+def test_mcp_timeout_must_be_a_positive_number_of_seconds(tmp_path: Path, script: Path, value: str) -> None:
+    p = lf("run", "t", "--script", str(script), "--mcp-timeout", value, "--log", str(tmp_path / "m.jsonl"),
+           cwd=tmp_path)
+    assert p.returncode == 2 and "--mcp-timeout" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "m.jsonl").exists()

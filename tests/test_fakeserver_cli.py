@@ -90,7 +90,9 @@ def test_load_forms_json_array_and_errors(tmp_path: Path):
 
 
 @pytest.mark.parametrize("form", [[], {"status": 99}, {"chunks": {}}, {"sse": 1}, {"fault": "overflow", "shape": "x"},
-                                  {"fault": "reset", "reply": {"nope": 1}}])
+                                  {"fault": "reset", "reply": {"nope": 1}},
+                                  {"fault": "stall", "delay_s": "x"}, {"fault": "reset", "after": 1.5},
+                                  {"fault": "truncated", "at": -1}, {"fault": "overflow", "n_ctx": True}])
 def test_invalid_forms_are_refused(form):
     with pytest.raises(FormError):
         validate_form(form)

@@ -10,6 +10,7 @@ in `main()`.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -23,6 +24,7 @@ from .runlog._writer import LogWriteError
 __all__ = ["cli", "main", "BROKEN_PIPE"]
 
 BROKEN_PIPE = 141  # the exit code when whoever reads our stdout has gone (128 + SIGPIPE)
+_OUTPUT_ERRORS = {errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EBADF}  # stdout failed
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
@@ -77,6 +79,12 @@ def main() -> None:
             raise
         _stdout_to_devnull()
         code = BROKEN_PIPE
+    except OSError as exc:  # stdout itself failed (a full disk, /dev/full): one line, no traceback
+        if exc.filename is not None or exc.errno not in _OUTPUT_ERRORS:
+            raise  # a file the command opened, or no write error: not ours to word here
+        _stdout_to_devnull()
+        sys.stderr.write(f"loopfence: cannot write the output: {exc.strerror or exc}\n")
+        code = 1
     sys.exit(code)
 
 

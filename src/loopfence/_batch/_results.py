@@ -99,8 +99,35 @@ class EpisodeResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EpisodeResult:
+        """A row read back; a field of the wrong type, an unknown stop or verdict, or a missing
+        field is a ValueError naming it (unknown fields are left out)."""
+        for name in ("id", "stop", "verdict"):
+            if name not in data:
+                raise ValueError(f"field {name!r} is missing")
+        for name, kinds in _ROW_TYPES.items():
+            value = data.get(name)
+            if name in data and not (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
+                raise ValueError(f"field {name!r} must be {_ROW_WORDS[name]}, got {type(value).__name__}")
+        for name, known in (("stop", _STOPS), ("verdict", _VERDICTS)):
+            if data[name] is not None and data[name] not in known:
+                raise ValueError(f"field {name!r}: unknown {name} {data[name]!r}")
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+_N, _S = type(None), str
+_ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (_S,), "stop": (_S, _N), "verdict": (_S, _N), "detail": (_S,), "final_answer": (_S, _N),
+    "log": (_S, _N), "error": (_S, _N), "metadata": (dict,), "resumed": (bool,),
+    **dict.fromkeys(("requests", "tool_calls", "executions", "reuses", "refusals", "rejections",
+                     "prompt_tokens", "completion_tokens", "attempts"), (int,)),
+    "seconds": (int, float), "cpu_s": (int, float, _N), "cost_usd": (int, float, _N)}
+_ROW_WORDS = {name: " or ".join({str: "a string", type(None): "null", dict: "an object", bool: "true or false",
+                                 int: "an integer", float: "a number"}[k] for k in kinds
+                                 if not (k is int and float in kinds))
+              for name, kinds in _ROW_TYPES.items()}
+_STOPS = frozenset(r.value for r in StopReason)
+_VERDICTS = frozenset(v.value for v in Verdict)
 
 
 def _dollars(value: Any) -> float | None:

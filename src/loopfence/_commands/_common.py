@@ -15,8 +15,8 @@ from .._limits import Limits, parse_limit
 from .._printable import markup, printable, rich_text
 from .._stops import RunResult
 
-__all__ = ["UsageError", "limits_from_flags", "default_log_path", "live_printer", "print_answer",
-           "print_summary", "print_token_table", "stderr"]
+__all__ = ["UsageError", "limits_from_flags", "default_log_path", "check_new_log", "not_the_input",
+           "live_printer", "print_answer", "print_summary", "print_token_table", "stderr"]
 
 # emoji off: a ":name:" in a model's text stays text (markup is escaped where values are shown)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -41,6 +41,51 @@ def limits_from_flags(pairs: list[str] | None, base: Limits | None = None) -> Li
 def default_log_path(folder: str | Path = "runs") -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     return Path(folder) / f"run-{stamp}.jsonl"
+
+
+def check_new_log(path: Path, flag: str = "--log") -> None:
+    """A run's new log may replace an empty file or a finished loopfence log, nothing else: a file
+    that is not a run log (a script, a source file) or a run that never ended (`loopfence resume`
+    continues it) is kept, and the command stops here with a usage error naming it."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 20)
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - (1 << 20)))
+            lines = [x for x in fh.read().splitlines() if x.strip()]
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return  # nothing there (or a folder: opening the log says so)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: {exc.strerror or exc}") from None
+    if size == 0:
+        return
+    if _event(first) != "header":
+        raise UsageError(f"{flag} {path}: the file exists and is not a loopfence run log; it was left as it "
+                         "is (choose another path)")
+    if not lines or _event(lines[-1]) != "stop":
+        raise UsageError(f"{flag} {path}: holds a run that did not end (no stop line); continue it with "
+                         f"`loopfence resume {path}`, or choose another path")
+
+
+def _event(line: bytes) -> Any:
+    try:
+        value = loads(line)
+    except ValueError:
+        return None
+    return value.get("event") if isinstance(value, dict) else None
+
+
+def not_the_input(output: str | Path | None, source: str | Path, flag: str = "--output") -> None:
+    """A command's output file must not be the file it reads (it would be gone before it was read)."""
+    if output is None:
+        return
+    try:
+        same = Path(output).resolve() == Path(source).resolve() or Path(output).samefile(source)
+    except OSError:
+        same = False
+    if same:
+        raise UsageError(f"{flag} {output}: that is the input file; write the output somewhere else")
 
 
 def _short(value: Any, n: int = 80) -> str:

@@ -11,7 +11,7 @@ from .._json import dumps
 from .._printable import printable
 from ..runlog._atif import to_atif
 from ..runlog._events import LogError
-from ._common import UsageError, stderr
+from ._common import UsageError, not_the_input, stderr
 
 __all__ = ["add_parser", "main"]
 
@@ -26,7 +26,8 @@ def add_parser(sub: Any) -> None:
         "observation.results and metrics). --format otlp gives the run's OpenTelemetry GenAI spans "
         "(invoke_agent, chat, execute_tool; the same spans a live run gives with loopfence.instrument()) "
         "as OTLP/JSON, or sends them to a collector over OTLP/HTTP with --endpoint "
-        "(needs loopfence[otel])."))
+        "(needs loopfence[otel]). Exit: 0 written, 1 the output could not be written (standard output), "
+        "2 an unreadable log or a usage error (-o the log itself included)."))
     p.add_argument("log", metavar="LOG.jsonl", help="the run log")
     p.add_argument("--format", choices=FORMATS, default="atif", help="output format (default: atif)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
@@ -39,6 +40,7 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    not_the_input(args.output, args.log)
     if args.format == "otlp":
         return _otlp(args)
     if args.endpoint is not None or args.include_content:

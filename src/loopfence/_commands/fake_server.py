@@ -22,7 +22,8 @@ def add_parser(sub: Any) -> None:
         "http://127.0.0.1:PORT/v1/chat/completions. Forms: a response object; "
         '{"chunks": [...], "done": true}; {"sse": "raw body"}; {"status": 429, "body": ..., '
         '"headers": ...}; {"fault": NAME, ...} with NAME one of: ' + ", ".join(FAULTS) + ". "
-        "Prints the base URL on stdout, then serves until Ctrl-C (exit 0)."))
+        "Prints the base URL on stdout, then serves until Ctrl-C (exit 0). Exit 2: a bad script file or "
+        "port."))
     p.add_argument("--script", metavar="FILE", required=True, help="reply forms: JSON array or JSONL")
     p.add_argument("--port", metavar="N", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
 

@@ -10,7 +10,7 @@ from .._printable import printable
 from .._report import write_dir_report, write_run_report
 from .._report._dir import DirError
 from ..runlog._events import LogError
-from ._common import UsageError
+from ._common import UsageError, not_the_input
 
 __all__ = ["add_parser", "main"]
 
@@ -23,7 +23,9 @@ def add_parser(sub: Any) -> None:
         "log: the stop, task, model and limits, each budget's use, the per-turn token chart, the "
         "timeline of steps with every call's decision, gate and compaction decisions, retries. For a "
         "batch or drill folder: episodes by stop reason, the SHIP rate, a sortable table of episodes "
-        "linking to a page per episode (written next to its log), the decision table."))
+        "linking to a page per episode (written next to its log), the decision table. Exit: 0 written "
+        "(its path on standard output), 2 an unreadable log or folder, an unwritable page or a usage "
+        "error (-o the log itself included)."))
     p.add_argument("path", metavar="LOG.jsonl|DIR", help="a run log, or a batch / drill output folder")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="the page (default: LOG.html next to the log; DIR/report.html for a folder)")
@@ -37,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
         if path.is_dir():
             out = write_dir_report(path, args.output, episode_pages=not args.no_episode_pages)
         elif path.exists():
+            not_the_input(args.output, path)
             out = write_run_report(path, args.output)
         else:
             raise UsageError(f"{args.path}: no such file or folder")

@@ -22,8 +22,8 @@ from ..models import Model, ScriptedModel, ScriptError
 from ..runlog import RunLog
 from ..tools import workspace_tools
 from ..tools._manifest import snapshot_path
-from ._common import (UsageError, default_log_path, limits_from_flags, live_printer, print_answer,
-                      print_summary)
+from ._common import (UsageError, check_new_log, default_log_path, limits_from_flags, live_printer,
+                      print_answer, print_summary)
 from ._toolspec import load_tools
 from .reconcile import reconcile_own_log
 
@@ -196,6 +196,8 @@ def main(args: argparse.Namespace) -> int:
     except PriceError as exc:
         raise UsageError(str(exc)) from None
     log_path = Path(args.log) if args.log else default_log_path()
+    check_new_log(log_path)
+    custom = load_tools(args.tools)  # a usage error here leaves no log behind
     try:
         log = RunLog(log_path, listener=None if args.quiet else live_printer())
     except OSError as exc:  # a folder, a missing or read-only place: one line, exit 2
@@ -204,7 +206,6 @@ def main(args: argparse.Namespace) -> int:
     builtins = workspace_tools(workspace, sandbox=not args.unsandboxed, untrusted_globs=args.untrusted,
                                trust_globs=args.trust, hide_env=args.hide_env,
                                allow_hardlinks=args.allow_hardlinks, snapshot=snapshot)
-    custom = load_tools(args.tools)
     policy = Policy(on_bad_call=args.on_bad_call, nudge=args.nudge, last_answer=args.last_answer)
     header = {"workspace": str(workspace.resolve()), "unsandboxed": args.unsandboxed,
               "sandbox": "none" if args.unsandboxed else "bubblewrap", "untrusted_globs": args.untrusted,

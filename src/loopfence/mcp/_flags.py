@@ -91,9 +91,20 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                         "privileged, with untrusted output")
     g.add_argument("--mcp-kind", action="append", metavar="TOOL=KIND",
                    help="override an MCP tool's kind (read_only, side_effect, poll); repeatable")
-    g.add_argument("--mcp-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="SECONDS",
+    g.add_argument("--mcp-timeout", type=_seconds, default=DEFAULT_CONNECT_TIMEOUT_S, metavar="SECONDS",
                    help=f"how long a server may take to start and list its tools (default {DEFAULT_CONNECT_TIMEOUT_S:g}; "
                         "never more than --limit max_wall_seconds: start-up counts against the run's wall clock)")
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse names the flag when this raises)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 def tools_from_args(args: argparse.Namespace, *, reserved: Collection[str] = ()) -> McpTools | None:

@@ -70,7 +70,11 @@ def provider_name(model: Mapping[str, Any]) -> str:
 
 
 def _epoch_ns(started_at: str) -> int:
-    when = datetime.fromisoformat(started_at)
+    """The header's start in ns since the epoch (a start that is not a date: the epoch itself)."""
+    try:
+        when = datetime.fromisoformat(started_at)
+    except ValueError:
+        return 0
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return (when - _EPOCH) // _US * 1000

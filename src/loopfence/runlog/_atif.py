@@ -76,11 +76,14 @@ class _Clock:
     def __init__(self, started_at: str, header_t: float) -> None:
         try:
             self.start: datetime | None = datetime.fromisoformat(started_at) - timedelta(seconds=header_t)
-        except ValueError:
+        except (ValueError, OverflowError):  # a hand-edited start or offset: no timestamps
             self.start = None
 
     def at(self, t: float) -> str | None:
-        return None if self.start is None else (self.start + timedelta(seconds=t)).isoformat()
+        try:
+            return None if self.start is None else (self.start + timedelta(seconds=t)).isoformat()
+        except OverflowError:
+            return None
 
 
 def _agent_step(n: int, e: ReplyEvent, results: list[ResultEvent], used: set[str], clock: _Clock,

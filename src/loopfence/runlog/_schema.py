@@ -53,8 +53,8 @@ class LogEvent(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     event: str
-    seq: int
-    t: float
+    seq: int = Field(ge=0)
+    t: float = Field(ge=0, le=1e9, allow_inf_nan=False)  # seconds since the start (1e9: 31 years)
 
 
 class HeaderLine(LogEvent):
@@ -64,7 +64,7 @@ class HeaderLine(LogEvent):
     format: Literal["loopfence.runlog"]
     version: int
     run_id: str
-    started_at: str
+    started_at: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")  # ISO 8601, as the writer gives it
     task: str
     system: str | None = None
     limits: Obj

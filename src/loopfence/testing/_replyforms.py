@@ -27,6 +27,10 @@ class FormError(ValueError):
 
 
 # -- forms -------------------------------------------------------------------------------------
+_FAULT_NUMBERS: dict[str, Any] = {"delay_s": (int, float), "at": (int, float), "after": int,
+                                  "n_prompt_tokens": int, "n_ctx": int}  # a fault's numeric settings
+
+
 def validate_form(form: Any) -> None:
     if not isinstance(form, dict):
         raise FormError(f"a reply form must be a JSON object, got {type(form).__name__}")
@@ -35,6 +39,11 @@ def validate_form(form: Any) -> None:
             raise FormError(f"unknown fault {form['fault']!r} (known: {', '.join(FAULTS)})")
         if form["fault"] == "overflow" and form.get("shape", "llama.cpp") not in SHAPES:
             raise FormError(f"unknown overflow shape {form.get('shape')!r} (known: {', '.join(SHAPES)})")
+        for name, kind in _FAULT_NUMBERS.items():
+            value = form.get(name)
+            if name in form and (isinstance(value, bool) or not isinstance(value, kind) or value < 0):
+                raise FormError(f"fault {form['fault']}: {name!r} must be "
+                                f"{'an integer' if kind is int else 'a number'} >= 0, got {value!r}")
         if isinstance(form.get("reply"), dict):
             validate_form(form["reply"])
         return
