@@ -394,3 +394,22 @@ def test_a_hand_edited_results_row_is_refused_by_line_and_field(tmp_path: Path, 
     assert str(e.value) == f"{path}:2: {words}"
     path.write_text(json.dumps(good) + "\n")
     assert ResultsFile(path).load()[0] == EpisodeResult.from_json(good)
+
+
+@pytest.mark.parametrize(("edit", "words"), [
+    ({"settings": {"concurrency": -4}}, "concurrency (recorded in {job}) must be an integer of at least 1, got -4"),
+    ({"settings": {"max_retries": "two"}}, "max_retries (recorded in {job}) must be an integer of at least 0"),
+    ({"version": 9}, "{job}: a batch job of version 9; this loopfence reads version 1"),
+    ({"settings": []}, "{job}: field 'settings' must be an object")])
+def test_a_hand_edited_job_file_is_named_on_resume(tmp_path: Path, capsys: Any, edit: dict[str, Any],
+                                                   words: str) -> None:
+    src = _write(tmp_path, [{"id": "e0", "task": "t"}])
+    out = tmp_path / "job"
+    assert cli(["batch", str(src), "--out", str(out), "--script", str(_script(tmp_path)), "--quiet"]) == 0
+    job = json.loads((out / "job.json").read_text())
+    for key, value in edit.items():
+        job[key] = {**job[key], **value} if isinstance(value, dict) else value
+    (out / "job.json").write_text(json.dumps(job))
+    capsys.readouterr()
+    assert cli(["batch", "--resume", str(out), "--quiet"]) == 2
+    assert words.format(job=out / "job.json") in capsys.readouterr().err

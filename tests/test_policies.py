@@ -152,6 +152,9 @@ def test_price_tables_refuse_what_they_cannot_use(tmp_path: Path) -> None:
     (tmp_path / "broken.toml").write_text("= nope")
     with pytest.raises(PriceError, match="not TOML"):
         load_prices(tmp_path / "broken.toml")
+    (tmp_path / "negative.toml").write_text('"*" = [-1, 2]\n')
+    with pytest.raises(PriceError, match=r"^prices file .*negative\.toml: '\*' input price must be"):
+        load_prices(tmp_path / "negative.toml")  # a value the file holds: the file is named
     assert PriceBook({"*": (1.0, 2.0)}).price("anything-19") == Price("anything-19", 1.0, 2.0, "prices:*")
     with pytest.raises(PriceError, match="max_tokens bounded"):
         run("t", model=ScriptedModel([text_reply("x")]), prices={"*": (1, 1)},

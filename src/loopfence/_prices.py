@@ -90,10 +90,15 @@ def load_prices(source: Mapping[str, Any] | str | Path) -> dict[str, tuple[float
     else:
         data = source
     out: dict[str, tuple[float, float]] = {}
-    for model, value in data.items():
-        if not isinstance(model, str) or not model:
-            raise PriceError(f"prices: a model name must be a non-empty string, got {model!r}")
-        out[model] = _pair(model, value)
+    try:
+        for model, value in data.items():
+            if not isinstance(model, str) or not model:
+                raise PriceError(f"prices: a model name must be a non-empty string, got {model!r}")
+            out[model] = _pair(model, value)
+    except PriceError as exc:
+        if isinstance(source, (str, Path)):  # say which file
+            raise PriceError(f"prices file {source}: {str(exc).removeprefix('prices: ')}") from None
+        raise
     return out
 
 

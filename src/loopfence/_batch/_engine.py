@@ -46,6 +46,7 @@ __all__ = ["abatch", "batch", "BatchResult", "BatchError", "ModelSource", "ToolS
            "JOB", "INPUT", "RESULTS", "SUMMARY", "EPISODES", "WORKSPACES", "RETRIES", "read_job", "BACKENDS"]
 
 JOB_FORMAT = "loopfence.batch.job"
+JOB_VERSION = 1  # job.json's layout
 JOB, INPUT, RESULTS, SUMMARY = "job.json", "input.jsonl", "results.jsonl", "summary.json"
 EPISODES, WORKSPACES, RETRIES = "episodes", "workspaces", "retries"
 
@@ -185,6 +186,11 @@ def read_job(folder: str | Path) -> dict[str, Any]:
         raise BatchError(f"{path}: cannot read: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != JOB_FORMAT:
         raise BatchError(f"{path}: not a loopfence batch job")
+    if data.get("version") != JOB_VERSION:
+        raise BatchError(f"{path}: a batch job of version {data.get('version')!r}; this loopfence reads "
+                         f"version {JOB_VERSION}")
+    if not isinstance(data.get("settings", {}), dict):
+        raise BatchError(f"{path}: field 'settings' must be an object")
     return data
 
 
@@ -214,7 +220,7 @@ def _open_job(folder: Path, episodes: Any, resume: bool, settings: dict[str, Any
             (folder / EPISODES).mkdir(parents=True, exist_ok=True)
             _write_text(folder / INPUT, "".join(dumps(e.to_json()) + "\n" for e in job))
             source = str(Path(episodes).resolve()) if isinstance(episodes, (str, Path)) else None
-            _write_json(folder / JOB, {"format": JOB_FORMAT, "version": 1,
+            _write_json(folder / JOB, {"format": JOB_FORMAT, "version": JOB_VERSION,
                                        "created_at": datetime.now(timezone.utc).isoformat(),
                                        "source": source, "episodes": len(job), "settings": settings or {}})
         except OSError as exc:

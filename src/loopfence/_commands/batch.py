@@ -143,11 +143,12 @@ def _settings(args: argparse.Namespace) -> tuple[Path, bool, dict[str, Any]]:
     if settings.get("backend") == "ray" and (settings.get("mcp") or settings.get("mcp_url")):
         raise UsageError("--mcp with --backend ray: the MCP sessions live in this process, the episodes on "
                          "Ray actors; run MCP batches locally")
-    for name in ("concurrency", "max_connections", "ray_workers"):
-        if settings.get(name) is not None and settings[name] < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {settings[name]}")
-    if settings.get("max_retries") is not None and settings["max_retries"] < 0:
-        raise UsageError(f"--max-retries must be at least 0, got {settings['max_retries']}")
+    for name, least in (("concurrency", 1), ("max_connections", 1), ("ray_workers", 1), ("max_retries", 0)):
+        value = settings.get(name)
+        if value is not None and (type(value) is not int or value < least):
+            where = f"--{name.replace('_', '-')}" if given.get(name) is not None else \
+                f"{name} (recorded in {folder / 'job.json'})"
+            raise UsageError(f"{where} must be an integer of at least {least}, got {value!r}")
     return folder, bool(args.resume), settings
 
 
