@@ -226,3 +226,17 @@ def test_mcp_timeout_must_be_a_positive_number_of_seconds(tmp_path: Path, script
            cwd=tmp_path)
     assert p.returncode == 2 and "--mcp-timeout" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path, script: Path, log: Path) -> None:
+    """Windows editors start UTF-8 files with a BOM: no part of the JSON, so it is skipped."""
+    bom = b"\xef\xbb\xbf"
+    with_bom = tmp_path / "bom.jsonl"
+    with_bom.write_bytes(bom + script.read_bytes())
+    p = lf("run", "t", "--script", str(with_bom), "--log", str(tmp_path / "bom-run.jsonl"), "--quiet", cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == "done", p.stderr
+    log.write_bytes(bom + log.read_bytes())
+    assert lf("reconcile", str(log), cwd=tmp_path).returncode == 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(bom + b"{nope\n")
+    assert "bad.jsonl:1" in one_line_error(lf("run", "t", "--script", str(bad), cwd=tmp_path))

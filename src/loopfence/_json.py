@@ -175,6 +175,10 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, strict: bool = False
         value = (_STRICT if strict else _LOOSE).decode(text)
     except RecursionError:
         raise JsonLimitError(_too_deep(_text_depth(text), max_depth)) from None
+    except json.JSONDecodeError:
+        if not text.startswith("\ufeff"):
+            raise
+        return loads(text[1:], max_depth=max_depth, strict=strict)  # a byte order mark (a Windows editor's)
     if text.count("{") + text.count("[") > max_depth:  # else no value in it can nest deeper: each
         check_depth(value, max_depth)  # level opens with a bracket (one in a string only adds)
     return value
