@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -48,6 +50,8 @@ def check_new_log(path: Path, flag: str = "--log") -> None:
     that is not a run log (a script, a source file) or a run that never ended (`loopfence resume`
     continues it) is kept, and the command stops here with a usage error naming it."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return  # a device, a pipe (/dev/null, /dev/stdout): nothing is kept there
         with open(path, "rb") as fh:
             first = fh.readline(1 << 20)
             fh.seek(0, 2)
