@@ -32,9 +32,10 @@ __all__ = ["RepeatScope", "RepeatCounts", "Streak", "CycleTrail", "CYCLE_PERIODS
 RepeatScope = Literal["change", "run"]
 CYCLE_PERIODS = (2, 3)  # a period of 1 is the same call again: repeated_call and the streak see it
 _VOLATILE = "duration_s"
-_TIMING = re.compile(  # a duration with its unit, a clock time (with a date before it, if any)
-    r"(?<![\w.])(?:\d+(?:\.\d+)?\s?(?:ms|µs|us|ns|s|sec|secs|seconds)\b"
-    r"|(?:\d{4}-\d\d-\d\d[T ])?\d\d?:\d\d:\d\d(?:[.,]\d+)?(?!\d))")
+_TIMING = re.compile(  # a duration with its unit, a clock time (with a date before it, if any); it starts
+    # with a digit (not after a letter, digit or dot), so the scan skips ahead to the next digit
+    r"[0-9](?<![\w.][0-9])(?:[0-9]*(?:\.[0-9]+)?\s?(?:ms|µs|us|ns|s|sec|secs|seconds)\b"
+    r"|[0-9]*(?:-[0-9][0-9]-[0-9][0-9][T ][0-9][0-9]?)?:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)?(?![0-9]))")
 _LABEL_ARGS = ("path", "command", "cmd", "file", "filename", "url", "query", "name")
 _LABEL_CHARS = 40
 
