@@ -321,6 +321,14 @@ async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
     finally:
         live[0] = False
         ON_RETRY.reset(reporting)
+    if not isinstance(reply, Reply):
+        raise StopError(StopReason.ENDPOINT_ERROR, f"the model adapter returned {type(reply).__name__}, "
+                        "not a Reply")
+    deadline = s.deadline()
+    if deadline is not None and time.monotonic() > deadline:  # it blocked the loop, or kept on past the cancel
+        limit, elapsed = s.limits.max_wall_seconds, s.elapsed()
+        raise StopError(StopReason.MAX_WALL_SECONDS, f"{elapsed:.2f}s elapsed: the model's reply came after "
+                        f"max_wall_seconds={limit:g}; it was not used", limit=limit, value=round(elapsed, 3))
     levels = max([depth(reply.raw), *(depth(c.arguments) for c in reply.tool_calls)])
     if levels > MAX_DEPTH:
         raise StopError(StopReason.ENDPOINT_ERROR, f"the reply is nested {levels:,} levels deep (the "

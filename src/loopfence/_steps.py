@@ -9,6 +9,7 @@ log that `loopfence reconcile` folds through the ring like any other.
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 import uuid
@@ -49,6 +50,9 @@ def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limit
     """The run's state, and its log with the header written (a cost budget's price is resolved
     first: PriceError before anything is written). `model`: anything with `describe()` (recorded
     in the header, and its name prices a cost budget)."""
+    if on_event is not None and (inspect.iscoroutinefunction(on_event) or not callable(on_event)):
+        raise TypeError("on_event must be a plain function, called with each event as it is written (an "
+                        "async def one would never be awaited: hand its events to a queue, or use stream())")
     registry = tools if isinstance(tools, Registry) else Registry(tools)
     task, system = loggable(task), system and loggable(system)  # as the header reads back (replay)
     messages = ([{"role": "system", "content": system}] if system else []) + \

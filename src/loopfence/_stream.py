@@ -4,8 +4,10 @@ running event loop, plain `for` in sync code (the run then goes on a thread with
 from __future__ import annotations
 
 import asyncio
+import inspect
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +20,10 @@ __all__ = ["stream", "RunStream"]
 
 class RunStream:
     """`async for event in stream(task, ...)`: header, request, reply, call, result, … ending with
-    the stop. Then `.result` is the run's RunResult (and `await s.finish()` returns it).
+    the stop. Then `.result` is the run's RunResult (and `await s.finish()` returns it). Leaving
+    early: `async with stream(...) as s` (or `await s.aclose()`) cancels the run and waits for its
+    stop; a cancelled consumer (a timeout around the loop) cancels it too, and so does dropping the
+    stream after a `break`. An `on_event=` callback is called with each event as well.
 
     `for event in stream(task, ...)` does the same from sync code: the run goes on a thread of its
     own. Leaving the loop early (break, an exception) cancels the run, which ends `cancelled` with its
@@ -27,22 +32,45 @@ class RunStream:
     """
 
     def __init__(self, task: str, kwargs: dict[str, Any]) -> None:
+        also = kwargs.pop("on_event", None)  # the caller's own callback: called too, as events are queued
+        if also is not None and (inspect.iscoroutinefunction(also) or not callable(also)):
+            raise TypeError("on_event must be a plain function (the stream itself is the async way)")
         self._task, self._kwargs = task, kwargs
         self._queue: asyncio.Queue[LogEvent] = asyncio.Queue()
+        self._also = also
         self._run: asyncio.Task[RunResult] | None = None
         self._done = False
         self.result: RunResult | None = None
 
+    def _start(self) -> asyncio.Task[RunResult]:
+        if self._run is None:  # the run holds no reference to the stream, so that dropping it can end the run
+            put, also = self._queue.put_nowait, self._also
+            on_event = put if also is None else lambda event: (put(event), also(event))
+            self._run = asyncio.ensure_future(arun(self._task, on_event=on_event, **self._kwargs))
+            weakref.finalize(self, _cancel, self._run)  # the stream dropped mid-run (a break): the run ends
+        return self._run
+
     def __aiter__(self) -> RunStream:
         return self
+
+    async def __aenter__(self) -> RunStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def __anext__(self) -> LogEvent:
         if self._done:
             raise StopAsyncIteration
-        if self._run is None:
-            self._run = asyncio.ensure_future(arun(self._task, on_event=self._queue.put_nowait, **self._kwargs))
+        run = self._start()
         get = asyncio.ensure_future(self._queue.get())
-        await asyncio.wait((get, self._run), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait((get, run), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the consumer was cancelled (a timeout): so is the run
+            get.cancel()
+            run.cancel()
+            self._done = True
+            raise
         if not get.done():  # the run ended without a further event: it raised (LogWriteError, a cancel)
             get.cancel()
             self._done = True
@@ -56,20 +84,21 @@ class RunStream:
 
     async def finish(self) -> RunResult:
         """The run to its end (the events not yet taken are dropped): its result."""
-        if self._run is None:
-            self._run = asyncio.ensure_future(arun(self._task, on_event=self._queue.put_nowait, **self._kwargs))
-        self.result = await self._run
+        self.result = await self._start()
         return self.result
 
     async def aclose(self) -> None:
-        """Stop early: the run is cancelled (it ends `cancelled`, its stop in the log)."""
+        """Stop early: the run is cancelled (it ends `cancelled`, its stop in the log). `async with
+        stream(...) as s:` does this on leaving the block."""
         self._done = True
         if self._run is not None and not self._run.done():
             self._run.cancel()
             try:
                 await self._run
             except asyncio.CancelledError:
-                pass
+                me = asyncio.current_task()
+                if me is not None and me.cancelling():  # the cancel was for the caller too
+                    raise
 
 
     def __iter__(self) -> Iterator[LogEvent]:
@@ -82,15 +111,28 @@ class RunStream:
 _END = object()
 
 
+def _cancel(run: asyncio.Task[Any]) -> None:
+    if not run.done():
+        try:
+            run.cancel()
+        except RuntimeError:  # its loop is closed: nothing runs it any more
+            pass
+
+
 def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
     """The sync iteration: arun on a thread with its own loop, events through a queue."""
     q: queue.SimpleQueue[Any] = queue.SimpleQueue()
     handle: list[Any] = []  # (loop, task) once the run has started
     failed: list[BaseException] = []
 
+    def put(event: LogEvent) -> None:
+        q.put(event)
+        if rs._also is not None:
+            rs._also(event)
+
     async def go() -> RunResult:
         handle.append((asyncio.get_running_loop(), asyncio.current_task()))
-        return await arun(rs._task, on_event=q.put, **rs._kwargs)
+        return await arun(rs._task, on_event=put, **rs._kwargs)
 
     def main() -> None:
         try:

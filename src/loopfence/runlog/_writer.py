@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -72,6 +73,7 @@ class RunLog:
         self._broken: LogWriteError | None = None  # a write failed: every later write refuses
         self._held: list[bytes] = []  # lines kept back (`hold`), written with the next one
         self._written = seq  # lines known complete in the file
+        self._observer_failed = False  # an on_event or listener raised (warned once)
         if self.path is not None:
             mode = "ab" if append else "wb"
             try:
@@ -101,10 +103,21 @@ class RunLog:
         if self.keep:
             self.events.append(record)
         if self.listener is not None:
-            self.listener(record)
+            self._notify(self.listener, record, event)
         if self.on_event is not None:
-            self.on_event(typed)  # type: ignore[arg-type]
+            self._notify(self.on_event, typed, event)
         return record
+
+    def _notify(self, observer: Callable[[Any], None], value: Any, event: str) -> None:
+        """An observer's bug never changes the run or its log: it is warned about once, and the
+        run goes on (its stop, its counts and its log are what they would have been)."""
+        try:
+            observer(value)
+        except Exception as exc:  # noqa: BLE001
+            if not self._observer_failed:
+                self._observer_failed = True
+                warnings.warn(f"loopfence: the run's event callback raised {type(exc).__name__}: {exc} (on a "
+                              f"{event!r} event); the run goes on without it", RuntimeWarning, stacklevel=3)
 
     def flush(self) -> None:
         """Write the lines `hold` kept back."""

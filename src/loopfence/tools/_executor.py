@@ -228,7 +228,15 @@ async def _perform(t: Tool, args: dict[str, Any], deadline: float | None,
 async def _awaited(fn: Callable[..., Any], args: dict[str, Any]) -> tuple[str, Any]:
     try:
         return "ok", await fn(**args)
-    except (KeyboardInterrupt, asyncio.CancelledError):
+    except asyncio.CancelledError as exc:
+        try:
+            me = asyncio.current_task()
+        except RuntimeError:  # driven with no event loop (a framework's sync path): the driver cancels
+            me = None
+        if me is None or me.cancelling():  # the run (its timeout, its caller) cancels the call
+            raise
+        return "error", exc  # something inside the tool was cancelled, not the run: the tool failed
+    except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a raising tool (even SystemExit) is data
         return "error", exc
