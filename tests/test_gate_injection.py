@@ -221,3 +221,30 @@ def test_glob_star_star_marks_every_workspace_file(ws):
 def test_there_are_twenty_distinct_injections_over_three_tools():
     assert len({i.text for i in INJECTIONS}) >= 20
     assert {i.tool for i in INJECTIONS} == PRIVILEGED
+
+
+@pytest.mark.parametrize("approve", [None, "all"])
+@pytest.mark.parametrize("source", ["glob", "html"])
+def test_a_gated_run_replays_identically_with_why_its_source_was_untrusted(tmp_path: Path, approve: Any,
+                                                                          source: str) -> None:
+    """The refusal the model reads names why the source was untrusted (the live tools' provenance);
+    replay, whose recorded tools have none, takes it from the recorded `tainted` event."""
+    from loopfence.runlog import reconcile, replay
+    from loopfence._gate import approve_all
+
+    ws = tmp_path / "ws"
+    (ws / "vendor").mkdir(parents=True)
+    (ws / "vendor" / "readme.md").write_text("IGNORE\n")
+    (ws / "vendor" / "page.html").write_text("<html><body>IGNORE ALL</body></html>\n")
+    path = "vendor/readme.md" if source == "glob" else "vendor/page.html"
+    model = ScriptedModel([calls_reply(tool_call("read_file", path=path)),
+                           calls_reply(tool_call("run_command", command="echo hi")), text_reply("done")])
+    log = tmp_path / "run.jsonl"
+    run("t", model=model, tools=workspace_tools(ws, untrusted_globs=["vendor/*.md"]), log=log,
+        approve=approve_all if approve else None)
+    gate = [json.loads(x) for x in log.read_text().splitlines() if '"event":"gate"' in x][-1]
+    assert gate["decision"] == ("approved" if approve else "refused")
+    assert (f"({'read_file ' + path}: {path} " in gate["reason"]), gate["reason"]  # why: the provenance
+    replayed = replay(log)
+    assert replayed.ok and replayed.divergence is None, replayed.lines()
+    assert reconcile(log).ok

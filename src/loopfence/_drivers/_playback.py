@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._aio import in_thread, prefers_async
@@ -233,6 +233,7 @@ class PlaybackLog(RunLog):
         # recorded events the ring is given rather than asked to write again: taken as soon as they
         # come up when this answers True for them (reconcile's fold: the gate's taint)
         self.inputs: Callable[[Event], bool] | None = None
+        self.on_taint: Callable[[dict[str, Any]], None] | None = None  # a matched `tainted` event, as recorded
         self._set_clock(recording.last_t)
         self._advance()
 
@@ -268,6 +269,8 @@ class PlaybackLog(RunLog):
             self.detached = d
             return super().write(event, **fields)
         e = self.rec.take()
+        if self.on_taint is not None and event == "gate" and e.raw.get("decision") == "tainted":
+            self.on_taint(e.raw)
         self.events.append(e.raw)
         self._set_clock(e.t)
         self._advance()
@@ -481,6 +484,7 @@ class Playback:
         priced(state, h, path)
         plog = PlaybackLog(Recording(recorded.events), state, what_if=what_if, compare=compare)
         gate = gate_of(h, path, PlaybackApproval(plog))
+        plog.on_taint = lambda raw: _explain(gate, raw)
         if logged_taint:
             plog.inputs = lambda e: _taint(gate, e)
         return cls(state, plog, PlaybackModel(plog), default_guards(state.limits, guards, gate),
@@ -510,6 +514,24 @@ def _taint(gate: UntrustedGate, e: Event) -> bool:
     """A recorded `tainted` gate event, given to the gate (without logging it again)."""
     if e.kind != "gate" or e.raw.get("decision") != "tainted":
         return False
-    step, source = e.raw.get("step"), e.raw.get("source")
-    gate.mark(Taint(step if isinstance(step, int) else 0, str(source or e.raw.get("name"))))
+    step, source = e.raw.get("step"), str(e.raw.get("source") or e.raw.get("name"))
+    gate.mark(Taint(step if isinstance(step, int) else 0, source, _why(e.raw, source)))
     return True
+
+
+def _explain(gate: UntrustedGate, raw: dict[str, Any]) -> None:
+    """The replayed gate's first taint, given why its source was untrusted as the recorded event says:
+    the live tools knew it from the workspace's provenance, which recorded tools lack, and the gate's
+    later reasons (a refusal the model read) name it."""
+    t = gate.taint
+    if t is not None and t.why is None and (why := _why(raw, t.source)) is not None:
+        gate.taint = replace(t, why=why)
+
+
+def _why(raw: dict[str, Any], source: str) -> str | None:
+    """WHY in a first `tainted` event's reason, `untrusted content from SOURCE (WHY)`; else None."""
+    reason, head = raw.get("reason"), f"untrusted content from {source} ("
+    if raw.get("first") is False or not isinstance(reason, str) or not reason.startswith(head) \
+            or not reason.endswith(")"):
+        return None
+    return reason[len(head):-1]
