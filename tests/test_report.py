@@ -75,6 +75,14 @@ def test_the_run_page_is_self_contained_and_escapes_what_the_run_saw(run_log: Pa
     assert "max_steps" in page and "4 of 8 (50%)" in page  # a budget against its limit
 
 
+def test_a_lone_surrogate_the_run_saw_is_written_as_its_escape(tmp_path: Path) -> None:
+    """"\\ud800" is valid JSON a model may send; UTF-8 cannot hold it, so the page shows its escape."""
+    log = tmp_path / "r.jsonl"
+    run("t", model=ScriptedModel([text_reply("before \ud800 after")]), log=log)
+    page = write_run_report(log, tmp_path / "r.html")
+    assert "before \\ud800 after" in page.read_text(encoding="utf-8")
+
+
 def test_a_long_result_is_clipped_and_a_log_without_its_stop_says_so(tmp_path: Path) -> None:
     def big() -> str:
         """A large result."""

@@ -299,5 +299,5 @@ def write_dir_report(folder: str | os.PathLike[str], out: str | os.PathLike[str]
     target.parent.mkdir(parents=True, exist_ok=True)
     if episode_pages:
         _episode_pages(view, target)
-    target.write_text(render_dir(view), encoding="utf-8")
+    target.write_text(render_dir(view), encoding="utf-8", errors="backslashreplace")  # a lone surrogate: its \\uXXXX text
     return target

@@ -353,5 +353,5 @@ def write_run_report(log: str | os.PathLike[str], out: str | os.PathLike[str] | 
     target = Path(out) if out is not None else Path(log).with_suffix(".html")
     text = render_run(read_run(log), back=back)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
+    target.write_text(text, encoding="utf-8", errors="backslashreplace")  # a lone surrogate: its \\uXXXX text
     return target
