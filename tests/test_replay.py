@@ -236,3 +236,35 @@ def test_a_run_that_read_html_from_the_workspace_replays(tmp_path: Path) -> None
     assert gates and "--trust" in gates[0]["reason"]  # the live reason has the provenance hint
     report = replay(log)
     assert report.ok, report
+
+
+@pytest.mark.parametrize("policy", ["fail", "feedback"])
+def test_a_refused_call_to_a_function_tool_replays_in_the_words_it_was_refused_in(tmp_path: Path, policy: str) -> None:
+    """A function's signature validated the call live (pydantic's words); replay's recorded tool
+    rebuilds that model from the schema, so the rejection, and what the model read, are the same."""
+    from typing import Literal
+
+    from loopfence import Policy, ScriptedModel, Tool, run, tool
+    from loopfence.testing import calls_reply, text_reply, tool_call
+
+    def fetch(url: str, retries: int = 2, mode: Literal["get", "head"] = "get", tags: list[str] | None = None) -> str:
+        """fetch a page"""
+        return "page"
+
+    plain = Tool.from_schema("lookup", lambda q: q, {"type": "object", "properties": {"q": {"type": "string"}},
+                                                     "required": ["q"]})
+    bad = [tool_call("fetch", nourl="x"), tool_call("fetch", url=1, retries="2"), tool_call("fetch", url="u", mode="put"),
+           tool_call("fetch", url="u", tags=[1]), tool_call("lookup", q=3)]
+    log = tmp_path / "r.jsonl"
+    model = ScriptedModel([calls_reply(c) for c in bad] + [text_reply("done")])
+    run("t", model=model, tools=[tool(fetch), plain], log=log, limits=Limits(max_steps=8),
+        policy=Policy(on_bad_call=policy, max_bad_calls=None))
+    events = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [t.get("arguments") for t in events[0]["tools"]] == ["signature", None]
+    rejected = [json.loads(e["content"])["message"] for e in events if e["event"] == "result"]
+    assert rejected[0] == "fetch: missing required argument 'url'; unexpected argument 'nourl'"
+    if policy == "feedback":  # told, the model goes on: every kind of refusal is in the log
+        assert len(rejected) == len(bad)
+        assert "Input should be a valid string" in rejected[1] and "Input should be 'get' or 'head'" in rejected[2]
+    report = replay(log)
+    assert report.ok and report.divergence is None, report.lines()

@@ -73,6 +73,7 @@ def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limit
                  started_at=datetime.now(timezone.utc).isoformat(), task=task, system=system,
                  limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
                  tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
+                         **({"arguments": "signature"} if t.args_model is not None else {}),
                          **t.schema()} for t in registry],
                  model=described, gate=gate.describe(), compaction=state.compaction.to_json(),
                  **_tool_info(registry), **priced, **(header or {}))

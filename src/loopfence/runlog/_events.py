@@ -76,6 +76,7 @@ class ToolSpec:
     parameters: dict[str, Any]
     kind: ToolKind
     untrusted: bool
+    signature: bool = False  # a function's signature validated its arguments (pydantic's messages)
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function", "function": {
@@ -216,6 +217,6 @@ def _header(path: str, line: int, m: HeaderLine, base: tuple[Any, ...]) -> Heade
         params = fn.get("parameters")
         specs.append(ToolSpec(fn["name"], str(fn.get("description") or ""),
                               params if isinstance(params, dict) else {"type": "object"}, kind,
-                              bool(item.get("untrusted", False))))
+                              bool(item.get("untrusted", False)), item.get("arguments") == "signature"))
     return Header(*base, m.run_id, m.started_at, m.task, m.system, m.limits, m.policy, m.params,
                   tuple(specs), m.model, m.workspace)

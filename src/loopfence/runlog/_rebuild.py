@@ -6,6 +6,7 @@ live tools against the recorded schemas; both rebuild the model settings from `h
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ from .._compact import Compaction
 from .._gate import ApprovalHook, UntrustedGate, approve_all, approver, deny_all
 from .._limits import Limits, Policy
 from ..models._base import Model
-from ..tools._registry import Registry, Tool
+from ..tools._registry import Registry, Tool, signature_model
 from ._events import Event, Header, LogError, ToolSpec
 
 __all__ = ["RecordedFn", "recorded_tool", "recorded_limits", "recorded_policy", "limits_of",
@@ -37,9 +38,12 @@ class RecordedFn:
 
 
 def recorded_tool(spec: ToolSpec, privileged: bool = False) -> Tool:
-    return Tool.from_schema(spec.name, RecordedFn(spec.name), spec.parameters,
-                            description=spec.description, kind=spec.kind, untrusted=spec.untrusted,
-                            privileged=privileged)
+    """The recorded tool: its schema, kind and flags, and where a function's signature validated its
+    arguments, the same strict model rebuilt from the schema (so a refused call gets the same words)."""
+    t = Tool.from_schema(spec.name, RecordedFn(spec.name), spec.parameters, description=spec.description,
+                         kind=spec.kind, untrusted=spec.untrusted, privileged=privileged)
+    model = signature_model(spec.name, spec.parameters) if spec.signature else None
+    return t if model is None else dataclasses.replace(t, args_model=model)
 
 
 # Rules added after logs were first written: a header without them comes from a run without them.

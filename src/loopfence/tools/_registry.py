@@ -11,13 +11,13 @@ import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ._jsonschema import apply_defaults, validate_schema
 
-__all__ = ["Tool", "ToolKind", "Registry", "tool", "ArgumentError"]
+__all__ = ["Tool", "ToolKind", "Registry", "tool", "ArgumentError", "signature_model"]
 
 
 class ToolKind(StrEnum):
@@ -171,6 +171,55 @@ def _arguments_of(f: Callable[..., Any]) -> tuple[type[BaseModel], dict[str, Any
         _ARGUMENT_MODELS.clear()
     _ARGUMENT_MODELS[key] = (model, params)
     return model, params
+
+
+_JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool,
+                               "null": type(None)}
+_REBUILT_KEYS = frozenset({"type", "items", "anyOf", "enum", "const", "default", "description", "title",
+                           "additionalProperties"})
+
+
+def signature_model(name: str, params: Any) -> type[BaseModel] | None:
+    """The strict model `_arguments_of` made from a function's signature, rebuilt from the JSON schema
+    it gave (a replayed run's recorded tool validates as the live one did, in the same words); None
+    where the schema holds what this does not rebuild (nested models, constraints, formats)."""
+    if not isinstance(params, dict) or params.get("type") != "object" or "$defs" in params:
+        return None
+    required = set(params.get("required") or [])
+    fields: dict[str, Any] = {}
+    for key, prop in (params.get("properties") or {}).items():
+        ann = _annotation(prop)
+        if ann is None or (key not in required and not (isinstance(prop, dict) and "default" in prop)):
+            return None
+        fields[key] = (ann, ... if key in required else prop["default"])
+    try:
+        return create_model(f"{name}_args", __base__=_Strict, **fields)
+    except Exception:  # noqa: BLE001 - a name or a default pydantic refuses: the schema's own check
+        return None
+
+
+def _annotation(prop: Any) -> Any:
+    """The annotation whose JSON schema `prop` is, or None."""
+    if not isinstance(prop, dict) or not set(prop) <= _REBUILT_KEYS:
+        return None
+    if not prop.keys() - {"description", "title", "default"}:
+        return Any
+    if "anyOf" in prop:
+        members = [_annotation(m) for m in prop["anyOf"]]
+        return None if any(m is None for m in members) or not members else Union[tuple(members)]  # noqa: UP007
+    if "enum" in prop or "const" in prop:
+        values = prop["enum"] if "enum" in prop else [prop["const"]]
+        return Literal[tuple(values)] if isinstance(values, list) and values else None
+    kind = prop.get("type")
+    if kind == "array":
+        items = prop.get("items")
+        inner = Any if items is None else _annotation(items)
+        return None if inner is None else list[inner]  # type: ignore[valid-type]
+    if kind == "object":
+        extra = prop.get("additionalProperties", True)
+        inner = Any if extra is True or extra == {} else _annotation(extra)
+        return None if inner is None else dict[str, inner]  # type: ignore[valid-type]
+    return _JSON_TYPES.get(kind) if isinstance(kind, str) and not prop.keys() - {"type", "description", "title", "default"} else None
 
 
 class Registry:
