@@ -73,10 +73,15 @@ def write_lines(path: Path, events: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in events), encoding="utf-8")
 
 
-def edit_events(src: Path, dst: Path, change: Callable[[list[dict[str, Any]]], None]) -> Path:
-    """A hand-edited copy of a log."""
+def edit_events(src: Path, dst: Path, change: Callable[[list[dict[str, Any]]], None], reseq: bool = True) -> Path:
+    """A hand-edited copy of a log; `reseq`: renumbered as a careful editor would (each line's seq its
+    line number), so the edit itself, not the numbering, is what reconcile has to find."""
     events = read_lines(src)
     change(events)
+    if reseq:
+        for i, e in enumerate(events):
+            if isinstance(e, dict) and "seq" in e:
+                e["seq"] = i
     write_lines(dst, events)
     return dst
 

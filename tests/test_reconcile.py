@@ -158,12 +158,12 @@ def test_cli_table_and_exit_codes(good: Path, budget: Path, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["reconcile", str(good)]) == 0
     out = capsys.readouterr().err
-    assert "one_result_per_call" in out and "pass" in out and "all 12 invariants hold" in out
+    assert "one_result_per_call" in out and "pass" in out and "all 14 invariants hold" in out
     edited = edit_events(budget, tmp_path / "edited.jsonl",
                          lambda ev: ev[-1]["ledger"].__setitem__("reused", 5))
     assert cli(["reconcile", str(edited)]) == 1
     out = capsys.readouterr().err
-    assert "FAIL" in out and "1 of 12 invariants FAIL: reuses" in out
+    assert "FAIL" in out and "1 of 14 invariants FAIL: reuses" in out
 
 
 def test_loopfence_run_reconciles_its_own_log(tmp_path: Path, ws: Path,
@@ -174,4 +174,52 @@ def test_loopfence_run_reconciles_its_own_log(tmp_path: Path, ws: Path,
     code = cli(["run", "Read app/config.py", "--script", str(script), "--workspace", str(ws),
                 "--log", str(tmp_path / "run.jsonl")])
     assert code == 0
-    assert "reconcile: all 12 invariants hold" in capsys.readouterr().err
+    assert "reconcile: all 14 invariants hold" in capsys.readouterr().err
+
+
+def test_lines_out_of_order_or_renumbered_do_not_reconcile(good: Path, tmp_path: Path) -> None:
+    def renumber(events: list[dict[str, Any]]) -> None:
+        events[2]["seq"] = 99
+
+    def clock_back(events: list[dict[str, Any]]) -> None:
+        events[3]["t"] = 0.0
+
+    def drop_a_line(events: list[dict[str, Any]]) -> None:
+        del events[2]  # and leave the numbers as they were
+
+    assert _failed(edit_events(good, tmp_path / "a.jsonl", renumber, reseq=False)) == {"lines_in_order"}
+    assert "lines_in_order" in _failed(edit_events(good, tmp_path / "b.jsonl", clock_back))
+    assert "lines_in_order" in _failed(edit_events(good, tmp_path / "c.jsonl", drop_a_line, reseq=False))
+
+
+def test_a_result_moved_before_its_intent(good: Path, tmp_path: Path) -> None:
+    def swap(events: list[dict[str, Any]]) -> None:
+        i = next(i for i, e in enumerate(events) if e["event"] == "call" and e.get("intent"))
+        j = next(j for j, e in enumerate(events) if e["event"] == "result" and e["tool_call_id"] == events[i]["tool_call_id"])
+        events[i], events[j] = events[j], events[i]
+        events[i]["t"], events[j]["t"] = events[j]["t"], events[i]["t"]
+
+    assert _failed(edit_events(good, tmp_path / "edited.jsonl", swap)) == {"intent_before_execution"}
+
+
+def test_a_taint_hidden_on_one_side_does_not_reconcile(tmp_path: Path) -> None:
+    from loopfence import ScriptedModel, run
+    from loopfence.testing import calls_reply, text_reply, tool_call
+
+    ws = tmp_path / "ws"
+    (ws / "vendor").mkdir(parents=True)
+    (ws / "vendor" / "readme.md").write_text("IGNORE\n")
+    log = tmp_path / "run.jsonl"
+    model = ScriptedModel([calls_reply(tool_call("read_file", path="vendor/readme.md")),
+                           calls_reply(tool_call("run_command", command="echo hi")), text_reply("done")])
+    run("t", model=model, tools=workspace_tools(ws, untrusted_globs=["vendor/**"]), log=log)
+    assert reconcile(log).ok
+
+    def flag_only(events: list[dict[str, Any]]) -> None:
+        next(e for e in events if e["event"] == "result" and e["untrusted"])["untrusted"] = False
+
+    def drop_taint(events: list[dict[str, Any]]) -> None:
+        events.remove(next(e for e in events if e["event"] == "gate" and e["decision"] == "tainted"))
+
+    assert _failed(edit_events(log, tmp_path / "a.jsonl", flag_only)) == {"taint_recorded"}
+    assert _failed(edit_events(log, tmp_path / "b.jsonl", drop_taint)) == {"taint_recorded"}

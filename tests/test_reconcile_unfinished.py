@@ -87,7 +87,7 @@ def test_what_the_prefix_shows_is_still_checked(counter_log: Path, tmp_path: Pat
     assert not rec.finished and {c.name for c in rec.failed} == {"limit_reached"}
     assert "max_steps" in rec.check("limit_reached").detail
     assert cli(["reconcile", str(past)]) == 1
-    assert "1 of the 6 invariants its lines can show FAIL: limit_reached" in capsys.readouterr().err
+    assert "1 of the 8 invariants its lines can show FAIL: limit_reached" in capsys.readouterr().err
 
     def orphan(events: list[dict]) -> None:
         del events[-1]

@@ -207,7 +207,7 @@ def _cli_trial(tmp: Path, delay: float, turns: int = CLI_TURNS) -> Trial:
                           check=False, timeout=120)
     assert done.returncode == 0, done.stderr
     if killed:  # resumed and finished live, then reconciled
-        assert "already ended" not in done.stderr and "reconcile: all 12 invariants hold" in done.stderr, done.stderr
+        assert "already ended" not in done.stderr and "reconcile: all 14 invariants hold" in done.stderr, done.stderr
     else:
         assert "already ended" in done.stderr, done.stderr
     final = read_log(log)

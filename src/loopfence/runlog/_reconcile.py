@@ -34,9 +34,12 @@ from ._rebuild import recorded_limits, recorded_policy, registry_of
 __all__ = ["Check", "Reconciliation", "reconcile", "INVARIANTS", "NEED_THE_STOP"]
 
 INVARIANTS = {
+    "lines_in_order": "each line's seq is its line number, and its time t never goes back",
     "one_result_per_call": "every requested tool call has exactly one result",
     "no_orphan_results": "every result answers a requested tool call",
     "intent_before_execution": "every executed result follows its logged intent, and every intent has one",
+    "taint_recorded": "every result marked untrusted is followed by the gate's `tainted` event for it, and "
+                      "every `tainted` event is for a result marked untrusted or one holding text from another",
     "steps_are_requests": "ledger model_requests = request events (steps 1..n in order)",
     "calls_requested": "ledger tool_calls = tool calls in the replies",
     "executions": "ledger tool_executions = executed results",
@@ -118,8 +121,10 @@ def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = Non
     results = [e for e in log.events if isinstance(e, ResultEvent)]
     calls = [e for e in log.events if isinstance(e, CallEvent)]
     checks = [
+        _in_order(log),
         *_pairing(turns, results),
         _intents(calls, results),
+        _taint(log, results),
         _steps(log, ledger),
         _count("calls_requested", ledger, "tool_calls",
                sum(len(t.parsed.tool_calls) for t in turns if t.parsed), "tool calls in the replies"),
@@ -144,7 +149,7 @@ def _unfinished(log: RunLogFile, guards: list[Guard] | None) -> Reconciliation:
     steps = [e.raw.get("step") for e in log.events if e.kind == "request"]
     in_order = steps == list(range(1, len(steps) + 1))
     folded = fold_prefix(log, guards)
-    checks = (*_pairing(turns, results, open_step), _intents(calls, results, open_step),
+    checks = (_in_order(log), *_pairing(turns, results, open_step), _intents(calls, results, open_step), _taint(log, results),
               Check("steps_are_requests", in_order, f"request events: {len(steps)}, steps in order" if in_order
                     else f"steps out of order: {steps}"),
               Check("limit_reached", folded.ok, folded.detail), _overwritten(log, turns, finished=False))
@@ -188,20 +193,54 @@ def _pairing(turns: list[_Turn], results: list[ResultEvent], open_step: int | No
 
 def _intents(calls: list[CallEvent], results: list[ResultEvent], open_step: int | None = None) -> Check:
     """`open_step`: an unfinished log's last turn, where a call may have been running at the end."""
-    intents = Counter((c.step, c.tool_call_id) for c in calls if c.intent)
+    intents: dict[tuple[int, str], list[int]] = {}  # the lines of each call's logged intents, in order
+    for c in calls:
+        if c.intent:
+            intents.setdefault((c.step, c.tool_call_id), []).append(c.line)
     bad = []
     for r in results:
         if r.decision != "executed":
             continue
-        key = (r.step, r.tool_call_id)
-        if intents[key] > 0:
-            intents[key] -= 1
+        lines = intents.get((r.step, r.tool_call_id), [])
+        if lines and lines[0] < r.line:
+            lines.pop(0)
         else:
-            bad.append(f"executed without a logged intent: line {r.line} ({r.tool_call_id})")
+            bad.append(f"executed without a logged intent before it: line {r.line} ({r.tool_call_id})")
     bad += [f"intent logged but no executed result: step {step} ({cid})"
-            for (step, cid), n in intents.items() if n > 0 and step != open_step]
+            for (step, cid), lines in intents.items() if lines and step != open_step]
     return Check("intent_before_execution", not bad, "every execution was announced, and every "
                  "announced call has an executed result" if not bad else "; ".join(bad))
+
+
+def _in_order(log: RunLogFile) -> Check:
+    """Lines are written once, in order: a seq that is not the line's number, or a clock that goes
+    back, is a line moved, dropped, added or edited by hand."""
+    bad, last = [], 0.0
+    for e in (log.header, *log.events):
+        if e.seq != e.line - 1:
+            bad.append(f"line {e.line} has seq {e.seq}")
+        if e.t < last:
+            bad.append(f"line {e.line}: t {e.t} is before the line above it ({last})")
+        last = max(last, e.t)
+    return Check("lines_in_order", not bad, "seq 0..n in order, t never goes back" if not bad else
+                 "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
+
+
+def _taint(log: RunLogFile, results: list[ResultEvent]) -> Check:
+    """The gate's inputs as the log holds them agree: reconcile's fold takes the `tainted` events as
+    given (the workspace they were judged in is gone), so a result and its taint must say the same."""
+    tainted: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for e in log.events:
+        if e.kind == "gate" and e.raw.get("decision") == "tainted":
+            tainted.setdefault((e.raw.get("step"), e.raw.get("tool_call_id")), []).append(e.raw)
+    bad = [f"line {r.line}: {r.name} ({r.tool_call_id}) is marked untrusted but no tainted event follows it"
+           for r in results if r.untrusted and not tainted.get((r.step, r.tool_call_id))]
+    marked = {(r.step, r.tool_call_id) for r in results if r.untrusted}
+    bad += [f"a tainted event for {key[1]} at step {key[0]}, whose result is not marked untrusted and holds "
+            "no text from another source" for key, events in tainted.items() if key not in marked
+            and not all("(it holds text from " in str(e.get("reason")) for e in events)]
+    return Check("taint_recorded", not bad, "every untrusted result has its taint, and every taint its result"
+                 if not bad else "; ".join(bad))
 
 
 def _count(name: str, ledger: dict[str, Any], field: str, actual: int, what: str) -> Check:
