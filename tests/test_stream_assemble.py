@@ -269,7 +269,8 @@ def test_a_malformed_part_of_a_reply_is_a_named_stop_that_says_which(chunk, word
 
 @pytest.mark.parametrize(("message", "words"), [
     ({"content": 42}, "content must be a string or null, got int"),
-    ({"content": None, "tool_calls": {"id": "c"}}, "tool_calls must be a list, got dict")])
+    ({"content": None, "tool_calls": {"id": "c"}}, "tool_calls must be a list, got dict"),
+    ({"content": None, "tool_calls": [None, 7]}, "tool_calls item must be an object, got int")])
 def test_a_malformed_response_object_is_a_named_stop_that_says_which(message, words):
     with pytest.raises(StopError) as e:
         reply_from_response({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})

@@ -282,7 +282,7 @@ def reply_from_response(obj: Any) -> Reply:
                         f"or null, got {type(content).__name__}")
     tcs = msg.get("tool_calls")
     if isinstance(tcs, list):
-        delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(tcs) if isinstance(tc, dict)]
+        delta["tool_calls"] = [dict(tc, index=i) if isinstance(tc, dict) else tc for i, tc in enumerate(tcs)]
     chunk = {"choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
              "usage": obj.get("usage")}
     reply = assemble([chunk], done=True)
