@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .tools._registry import Tool
 
 __all__ = ["UntrustedGate", "Taint", "ApprovalHook", "DEFAULT_PRIVILEGED", "APPROVE_MODES",
-           "approve_all", "deny_all", "ask_on_terminal", "approver", "describe_source"]
+           "approve_all", "deny_all", "ask_on_terminal", "approver", "describe_source", "taint_why", "HOLDS_TEXT"]
 
 DEFAULT_PRIVILEGED = frozenset({"run_command", "write_file", "apply_patch"})
 APPROVE_MODES = ("ask", "deny", "all")
@@ -57,6 +57,20 @@ class Taint:
     def reason(self) -> str:
         return f"untrusted content in context since step {self.step} ({self.source}" + \
             (f": {self.why})" if self.why else ")")
+
+
+HOLDS_TEXT = "it holds text from "  # why a result not itself untrusted taints: text it repeats
+_FROM = "untrusted content from "  # a `tainted` event's reason: _FROM + source [+ " (" + why + ")"]
+
+
+def taint_why(event: Mapping[str, Any], source: str) -> str | None:
+    """WHY in the reason of the first `tainted` event, for `source` (what the live gate knew, e.g. a
+    workspace file's provenance, which recorded tools cannot rebuild); None when it gives none."""
+    reason, head = event.get("reason"), f"{_FROM}{source} ("
+    if event.get("first") is False or not isinstance(reason, str) or not reason.startswith(head) \
+            or not reason.endswith(")"):
+        return None
+    return reason[len(head):-1]
 
 
 def describe_source(name: str, args: dict[str, Any]) -> str:
@@ -117,7 +131,7 @@ class UntrustedGate(Guard):
             why = prov.explain(path) if prov is not None and isinstance(path, str) else None
             self.mark(Taint(s.ledger.model_requests, source, why), s, c.call.id, r.decision)
         elif (origin := prints.match(r.content)) is not None:
-            source, why = describe_source(c.tool.name, c.args), f"it holds text from {origin}"
+            source, why = describe_source(c.tool.name, c.args), f"{HOLDS_TEXT}{origin}"
             if prov is not None and origin in prov.files:
                 why += ": " + prov.explain(origin)
             self.mark(Taint(s.ledger.model_requests, source, why), s, c.call.id, r.decision)
@@ -167,7 +181,7 @@ class UntrustedGate(Guard):
         self.sources.append(taint)
         if s is not None and s.log is not None:
             s.log.write("gate", step=taint.step, tool_call_id=call_id, name=taint.source.split(" ")[0],
-                        decision="tainted", reason=f"untrusted content from {taint.source}"
+                        decision="tainted", reason=f"{_FROM}{taint.source}"
                         + (f" ({taint.why})" if taint.why else "")
                         + ("" if first else f" (tainted since step {self.taint.step})"),
                         source=taint.source, result=decision, first=first)

@@ -23,8 +23,8 @@ try:  # the log's fast path (pydantic's own serializer, compiled); the stdlib's 
 except ImportError:  # pragma: no cover - pydantic is a dependency
     _fast_json = None
 
-__all__ = ["canonical_json", "fingerprint", "loads", "loads_object", "dumps", "wire_body", "line", "loggable", "depth",
-           "check_depth", "read_bounded", "load_json_items", "json_items", "JsonFileError", "JsonLimitError",
+__all__ = ["canonical_json", "fingerprint", "loads", "loads_object", "dumps", "wire_body", "line", "loggable",
+           "depth", "check_depth", "read_bounded", "load_json_items", "json_items", "JsonFileError", "JsonLimitError",
            "MAX_DEPTH", "MAX_LOG_DEPTH", "MAX_INT_DIGITS", "MAX_INPUT_BYTES"]
 
 MAX_DEPTH = 200  # nesting levels of any JSON input (a script, a scenario, an HTTP body, a reply)

@@ -8,7 +8,7 @@ import inspect
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._loop import arun
@@ -44,8 +44,7 @@ class RunStream:
 
     def _start(self) -> asyncio.Task[RunResult]:
         if self._run is None:  # the run holds no reference to the stream, so that dropping it can end the run
-            put, also = self._queue.put_nowait, self._also
-            on_event = put if also is None else lambda event: (put(event), also(event))
+            on_event = _tee(self._queue.put_nowait, self._also)
             self._run = asyncio.ensure_future(arun(self._task, on_event=on_event, **self._kwargs))
             weakref.finalize(self, _cancel, self._run)  # the stream dropped mid-run (a break): the run ends
         return self._run
@@ -111,6 +110,17 @@ class RunStream:
 _END = object()
 
 
+def _tee(put: Callable[[LogEvent], Any], also: Callable[[LogEvent], Any] | None) -> Callable[[LogEvent], None]:
+    """Each event to the stream's queue, and to the caller's own on_event, if any."""
+    if also is None:
+        return put
+
+    def both(event: LogEvent) -> None:
+        put(event)
+        also(event)
+    return both
+
+
 def _cancel(run: asyncio.Task[Any]) -> None:
     if not run.done():
         try:
@@ -125,14 +135,9 @@ def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
     handle: list[Any] = []  # (loop, task) once the run has started
     failed: list[BaseException] = []
 
-    def put(event: LogEvent) -> None:
-        q.put(event)
-        if rs._also is not None:
-            rs._also(event)
-
     async def go() -> RunResult:
         handle.append((asyncio.get_running_loop(), asyncio.current_task()))
-        return await arun(rs._task, on_event=put, **rs._kwargs)
+        return await arun(rs._task, on_event=_tee(q.put, rs._also), **rs._kwargs)
 
     def main() -> None:
         try:

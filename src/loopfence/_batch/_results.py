@@ -7,8 +7,11 @@ is not a row, naming the line.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import types
+import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -104,10 +107,11 @@ class EpisodeResult:
         for name in ("id", "stop", "verdict"):
             if name not in data:
                 raise ValueError(f"field {name!r} is missing")
-        for name, kinds in _ROW_TYPES.items():
+        for name, kinds in _row_types().items():
             value = data.get(name)
-            if name in data and not (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
-                raise ValueError(f"field {name!r} must be {_ROW_WORDS[name]}, got {type(value).__name__}")
+            if name in data and not (isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))):
+                words = " or ".join(_WORDS[k] for k in kinds if not (k is int and float in kinds))
+                raise ValueError(f"field {name!r} must be {words}, got {type(value).__name__}")
         for name, known in (("stop", _STOPS), ("verdict", _VERDICTS)):
             if data[name] is not None and data[name] not in known:
                 raise ValueError(f"field {name!r}: unknown {name} {data[name]!r}")
@@ -115,17 +119,21 @@ class EpisodeResult:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-_N, _S = type(None), str
-_ROW_TYPES: dict[str, tuple[type, ...]] = {
-    "id": (_S,), "stop": (_S, _N), "verdict": (_S, _N), "detail": (_S,), "final_answer": (_S, _N),
-    "log": (_S, _N), "error": (_S, _N), "metadata": (dict,), "resumed": (bool,),
-    **dict.fromkeys(("requests", "tool_calls", "executions", "reuses", "refusals", "rejections",
-                     "prompt_tokens", "completion_tokens", "attempts"), (int,)),
-    "seconds": (int, float), "cpu_s": (int, float, _N), "cost_usd": (int, float, _N)}
-_ROW_WORDS = {name: " or ".join({str: "a string", type(None): "null", dict: "an object", bool: "true or false",
-                                 int: "an integer", float: "a number"}[k] for k in kinds
-                                 if not (k is int and float in kinds))
-              for name, kinds in _ROW_TYPES.items()}
+_WORDS = {str: "a string", type(None): "null", dict: "an object", bool: "true or false", int: "an integer",
+          float: "a number"}
+
+
+@functools.cache
+def _row_types() -> dict[str, tuple[type, ...]]:
+    """Each field's JSON types, from EpisodeResult's own annotations (a float field takes an int)."""
+    out: dict[str, tuple[type, ...]] = {}
+    for name, hint in typing.get_type_hints(EpisodeResult).items():
+        kinds = tuple(typing.get_origin(k) or k for k in typing.get_args(hint)) \
+            if isinstance(hint, types.UnionType) else (typing.get_origin(hint) or hint,)
+        out[name] = (int, *kinds) if float in kinds else kinds
+    return out
+
+
 _STOPS = frozenset(r.value for r in StopReason)
 _VERDICTS = frozenset(v.value for v in Verdict)
 

@@ -85,8 +85,8 @@ def not_the_input(output: str | Path | None, source: str | Path, flag: str = "--
     if output is None:
         return
     try:
-        same = Path(output).resolve() == Path(source).resolve() or Path(output).samefile(source)
-    except OSError:
+        same = Path(output).samefile(source)
+    except OSError:  # no file there yet: not the input
         same = False
     if same:
         raise UsageError(f"{flag} {output}: that is the input file; write the output somewhere else")

@@ -19,8 +19,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("schema", help=HELP, description=(
         "Print a JSON Schema (draft 2020-12) on standard output. `events`: one line of a run log "
         "(a union on the field \"event\": header, request, reply, call, result, gate, resume, retry, "
-        "nudge, last_answer, guard, stop); the header's \"version\" says which format a log is in. Exit: 0 printed, 1 the output could "
-        "not be written, 2 usage error."))
+        "nudge, last_answer, guard, stop); the header's \"version\" says which format a log is in. "
+        "Exit: 0 printed, 1 the output could not be written, 2 usage error."))
     p.add_argument("what", choices=tuple(SCHEMAS), help="which schema")
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._aio import in_thread, prefers_async
-from .._gate import Taint, UntrustedGate
+from .._gate import Taint, UntrustedGate, taint_why
 from .._guards import Guard, Guards, default_guards
 from .._json import canonical_json, dumps
 from .._limits import Limits
@@ -515,7 +515,7 @@ def _taint(gate: UntrustedGate, e: Event) -> bool:
     if e.kind != "gate" or e.raw.get("decision") != "tainted":
         return False
     step, source = e.raw.get("step"), str(e.raw.get("source") or e.raw.get("name"))
-    gate.mark(Taint(step if isinstance(step, int) else 0, source, _why(e.raw, source)))
+    gate.mark(Taint(step if isinstance(step, int) else 0, source, taint_why(e.raw, source)))
     return True
 
 
@@ -524,14 +524,5 @@ def _explain(gate: UntrustedGate, raw: dict[str, Any]) -> None:
     the live tools knew it from the workspace's provenance, which recorded tools lack, and the gate's
     later reasons (a refusal the model read) name it."""
     t = gate.taint
-    if t is not None and t.why is None and (why := _why(raw, t.source)) is not None:
+    if t is not None and t.why is None and (why := taint_why(raw, t.source)) is not None:
         gate.taint = replace(t, why=why)
-
-
-def _why(raw: dict[str, Any], source: str) -> str | None:
-    """WHY in a first `tainted` event's reason, `untrusted content from SOURCE (WHY)`; else None."""
-    reason, head = raw.get("reason"), f"untrusted content from {source} ("
-    if raw.get("first") is False or not isinstance(reason, str) or not reason.startswith(head) \
-            or not reason.endswith(")"):
-        return None
-    return reason[len(head):-1]

@@ -24,6 +24,7 @@ from typing import Any
 from .._contract import check_reply
 from .._drivers._prefix import fold_prefix
 from .._drivers._refold import refold
+from .._gate import HOLDS_TEXT
 from .._guards import NUDGED, Guard
 from .._messages import Reply
 from .._stops import StopReason, Verdict
@@ -149,7 +150,8 @@ def _unfinished(log: RunLogFile, guards: list[Guard] | None) -> Reconciliation:
     steps = [e.raw.get("step") for e in log.events if e.kind == "request"]
     in_order = steps == list(range(1, len(steps) + 1))
     folded = fold_prefix(log, guards)
-    checks = (_in_order(log), *_pairing(turns, results, open_step), _intents(calls, results, open_step), _taint(log, results),
+    checks = (_in_order(log), *_pairing(turns, results, open_step), _intents(calls, results, open_step),
+              _taint(log, results),
               Check("steps_are_requests", in_order, f"request events: {len(steps)}, steps in order" if in_order
                     else f"steps out of order: {steps}"),
               Check("limit_reached", folded.ok, folded.detail), _overwritten(log, turns, finished=False))
@@ -238,7 +240,7 @@ def _taint(log: RunLogFile, results: list[ResultEvent]) -> Check:
     marked = {(r.step, r.tool_call_id) for r in results if r.untrusted}
     bad += [f"a tainted event for {key[1]} at step {key[0]}, whose result is not marked untrusted and holds "
             "no text from another source" for key, events in tainted.items() if key not in marked
-            and not all("(it holds text from " in str(e.get("reason")) for e in events)]
+            and not all(f"({HOLDS_TEXT}" in str(e.get("reason")) for e in events)]
     return Check("taint_recorded", not bad, "every untrusted result has its taint, and every taint its result"
                  if not bad else "; ".join(bad))
 

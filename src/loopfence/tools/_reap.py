@@ -22,27 +22,39 @@ def exited(pid: int) -> bool:
         return True
 
 
-def members(pgid: int, marker: str | None) -> list[int]:
-    """Live processes in group `pgid` or carrying the marker (zombies excluded; never this process)."""
-    me, found = os.getpid(), []
-    needle = f"{MARKER_ENV}={marker}".encode() if marker else None
+def _processes() -> Generator[tuple[int, bytes, list[bytes]], None, None]:
+    """(pid, comm, the /proc/PID/stat fields after comm: state, ppid, pgrp, ...) of every process
+    but this one that can still be read."""
+    me = os.getpid()
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            if fields[0] in (b"Z", b"X"):
-                continue
-            if int(fields[2]) == pgid:
-                found.append(int(name))
-                continue
-            if needle is not None:
-                with open(f"/proc/{name}/environ", "rb") as fh:
-                    if needle in fh.read():
-                        found.append(int(name))
-        except (OSError, IndexError, ValueError):
+                data = fh.read()
+            comm, fields = data[data.index(b"(") + 1:data.rindex(b")")], data.rsplit(b")", 1)[1].split()
+        except (OSError, ValueError):
             continue
+        if len(fields) >= 3:
+            yield int(name), comm, fields
+
+
+def members(pgid: int, marker: str | None) -> list[int]:
+    """Live processes in group `pgid` or carrying the marker (zombies excluded; never this process)."""
+    found = []
+    needle = f"{MARKER_ENV}={marker}".encode() if marker else None
+    for pid, _, fields in _processes():
+        if fields[0] in (b"Z", b"X"):
+            continue
+        if int(fields[2]) == pgid:
+            found.append(pid)
+        elif needle is not None:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    if needle in fh.read():
+                        found.append(pid)
+            except OSError:
+                continue
     return found
 
 
@@ -102,17 +114,11 @@ def reap_orphans() -> int:
     if os.getpid() != 1:
         return 0
     reaped = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                data = fh.read()
-            comm = data[data.index(b"(") + 1:data.rindex(b")")]
-            state, ppid = data.rsplit(b")", 1)[1].split()[:2]
-            if comm == b"bwrap" and state == b"Z" and ppid == b"1":
-                os.waitpid(int(name), os.WNOHANG)
+    for pid, comm, fields in _processes():
+        if comm == b"bwrap" and fields[0] == b"Z" and fields[1] == b"1":
+            try:
+                os.waitpid(pid, os.WNOHANG)
                 reaped += 1
-        except (OSError, ValueError):
-            continue
+            except ChildProcessError:
+                continue
     return reaped
