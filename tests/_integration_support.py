@@ -29,7 +29,7 @@ from bench.scripts import MINIMUM  # noqa: E402
 
 __all__ = ["STOPS", "LIMITS", "CAP", "DRAWN_TURNS", "drawn_turns", "drawn_script", "Fenced", "stops_like_the_ring",
            "reaches_its_answer", "runs_like_the_ring", "assert_like_the_ring", "reconciles",
-           "replays_reports_and_exports", "gated_tools"]
+           "replays_reports_and_exports", "gated_tools", "ends_at_the_frameworks_limit"]
 
 STOPS = {"retry_storm": StopReason.NO_PROGRESS, "duplicate_args": StopReason.NO_PROGRESS,
          "ok_forever": StopReason.REPEATED_RESULT, "unknown_tool": StopReason.UNKNOWN_TOOL,
@@ -135,6 +135,27 @@ def gated_tools() -> tuple[list[str], list[Callable[..., str]]]:
         return "written"
 
     return wrote, [fetch, write_file]
+
+
+def ends_at_the_frameworks_limit(log: Path, result: Any, framework: str, name: str, limit: int, *,
+                                 requests: int, executions: int) -> None:
+    """A run the framework's own limit (`name`=`limit`) ended: the stop is `framework_limit` (a KILL,
+    not internal_error), naming the framework, the limit and its value, after `requests` model
+    requests and `executions` executions; the log reconciles, and replays identically, ending where
+    the log ends, for that reason."""
+    stop = result.stop
+    assert stop.reason is StopReason.FRAMEWORK_LIMIT and stop.verdict is Verdict.KILL, stop
+    assert {k: stop.data.get(k) for k in ("framework", "name", "limit")} == \
+        {"framework": framework, "name": name, "limit": limit}, stop.data
+    assert f"{name}={limit}" in stop.detail, stop.detail
+    assert (result.ledger.model_requests, result.ledger.tool_executions) == (requests, executions)
+    recorded = read_log(log).stop
+    assert recorded is not None and (recorded.reason, recorded.detail) == (str(stop.reason), stop.detail)
+    reconciles(log)
+    replayed = replay(log)
+    assert replayed.ok and replayed.divergence is None, replayed.lines()
+    said = f"replayed identically: framework_limit at step {requests}, same ledger, every recorded event consumed"
+    assert replayed.lines() == [said]
 
 
 def reconciles(log: Path) -> None:

@@ -28,6 +28,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(plugin, "loopfence")
 
 
+@pytest.fixture(autouse=True)
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """loopfence's cross-run record of untrusted content (tools/_provenance) is each test's own."""
+    monkeypatch.setenv("LOOPFENCE_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
 def _shape(record: dict[str, Any]) -> tuple[Any, ...]:
     """What a record looks like: its kind, its fields and their JSON types (one level into objects),
     and the values of its enum fields. One record of each shape is checked."""

@@ -175,3 +175,27 @@ def test_cli_backend_ray(tmp_path: Path, ray_session: Path) -> None:
     assert Counter(r["id"] for r in result_rows(tmp_path / "job")) == Counter(e["id"] for e in eps)
     settings = json.loads((tmp_path / "job" / "job.json").read_text())["settings"]
     assert settings["backend"] == "ray" and settings["ray_workers"] == 1
+
+
+def test_ray_copies_each_workspace_without_the_batch_folder_inside_it(tmp_path: Path, ray_session: Path) -> None:
+    """Issue 30, item 1: --out inside the episodes' workspace; the driver makes the copies Ray runs in."""
+    from loopfence._batch._recipe import ScriptFile
+    from loopfence.testing import calls_reply, text_reply, tool_call
+
+    ws = tmp_path / "repo"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "main.py").write_text("print(1)\n")
+    script = tmp_path / "script.jsonl"
+    script.write_text("".join(json.dumps(r) + "\n" for r in (calls_reply(tool_call("list_dir", path="runs")),
+                                                              text_reply("done"))))
+    eps = tmp_path / "eps.jsonl"
+    eps.write_text("".join(json.dumps({"id": i, "task": "list", "workspace": "repo"}) + "\n" for i in ("a", "b")))
+    out = ws / "runs" / "job"
+    result = batch(eps, model=ScriptFile(str(script)), out=out, keep_workspaces=True, backend="ray", ray_workers=1)
+    assert [r.stop for r in result.rows] == ["final_answer", "final_answer"], result.rows
+    for ident in ("a", "b"):
+        copy = out / "workspaces" / ident
+        assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*")) == ["runs", "src", "src/main.py"]
+        events = [json.loads(x) for x in (out / "episodes" / f"{ident}.jsonl").read_text().splitlines()]
+        [listing] = [e["content"] for e in events if e["event"] == "result"]
+        assert "job" not in listing, listing  # the episode saw an empty runs/

@@ -38,9 +38,19 @@ def test_custom_tools_and_the_report(tmp_path: Path) -> None:
     assert events[0]["custom_tools"] == ["mytools:shout"]
     assert [e["content"] for e in events if e["event"] == "result"] == ["HI!"]
     page = tmp_path / "r.html"
-    assert f"report: {page.name}" in p.stdout or f"report: {page}" in p.stdout, p.stdout
+    assert f"report: {page.name}" in p.stderr or f"report: {page}" in p.stderr, p.stderr
     assert "final_answer" in page.read_text(encoding="utf-8")
     assert reconcile(tmp_path / "r.jsonl").ok
+
+
+def test_quiet_with_report_leaves_the_answer_alone_on_stdout(tmp_path: Path) -> None:
+    """`ANS=$(loopfence run ... --quiet --report)` captures the answer, not the report's path
+    (issue 30, defect 3): the path goes to stderr, as the log's path does."""
+    script = _script(tmp_path / "s.jsonl", calls_reply(tool_call("list_dir", path=".")), text_reply("the answer"))
+    p, _ = _run(tmp_path, "--script", str(script), "--report")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "the answer\n"
+    assert p.stderr.splitlines() == [f"report: {tmp_path / 'r.html'}"] and (tmp_path / "r.html").is_file()
 
 
 def test_a_tools_flag_that_names_nothing_is_a_usage_error(tmp_path: Path) -> None:

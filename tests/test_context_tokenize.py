@@ -17,7 +17,7 @@ import pytest
 
 from loopfence import Limits, StopReason, run, tool
 from loopfence.models._openai import OpenAIModel
-from loopfence.runlog import RunLog
+from loopfence.runlog import RunLog, reconcile, replay
 from loopfence.testing import calls_reply, text_reply, tool_call
 from loopfence.tools import Executor
 
@@ -120,6 +120,22 @@ def test_the_page_overflows_and_is_never_sent(server):
     else:  # no llama.cpp here: probed once, then the estimate
         assert srv.hits.count("GET /props") == 1 and "POST /tokenize" not in srv.hits
         assert "POST /apply-template" not in srv.hits
+
+
+def test_the_servers_count_is_what_replay_and_reconcile_judge(server, tmp_path):
+    """The unsent prompt's count came from /tokenize: the stop records it, and the log replays and
+    reconciles offline, with no server to count (issue 30, defect 8)."""
+    srv, base = server
+    path = tmp_path / "overflow.jsonl"
+    with OpenAIModel(base, "m", max_retries=0) as model:
+        r = run("Make a note from pages/pi.html", model=model, tools=[page_tool()], log=RunLog(path),
+                limits=Limits(context_window=N_CTX, max_prompt_tokens=None), executor=Executor(result_cap=None))
+    assert r.stop.reason is StopReason.CONTEXT_OVERFLOW
+    rec = reconcile(path)
+    assert rec.ok, [c.detail for c in rec.failed]
+    report = replay(path)
+    assert report.ok, report.lines()
+    assert r.stop.data["prompt_estimate"] == r.stop.data["value"]
 
 
 def test_without_the_fence_the_server_refuses_it(server):

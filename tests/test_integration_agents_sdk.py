@@ -28,8 +28,9 @@ from loopfence.integrations import FenceStop
 from loopfence.integrations.agents_sdk import AgentsFence, AgentsFenceStop, recorded_model
 from loopfence.runlog import read_log
 
-from _integration_support import (CAP, DRAWN_TURNS, drawn_script, gated_tools, reaches_its_answer, reconciles,
-                                  replays_reports_and_exports, runs_like_the_ring, stops_like_the_ring)
+from _integration_support import (CAP, DRAWN_TURNS, drawn_script, ends_at_the_frameworks_limit, gated_tools,
+                                  reaches_its_answer, reconciles, replays_reports_and_exports, runs_like_the_ring,
+                                  stops_like_the_ring)
 from bench.common import Script, Source, Workspace  # the bench: on sys.path by the support module
 from bench.frameworks.agents_sdk_fw import SourceModel  # the bench's Model over a script
 from bench.scripts import HONEST, RUNAWAY
@@ -147,14 +148,18 @@ def test_tool_errors_and_model_errors_end_as_the_sdk_ends_them_with_the_stop_wri
     assert fence.result.stop.reason is StopReason.ENDPOINT_ERROR and len(model.calls) == 2
     reconciles(tmp_path / "model.jsonl")
 
-    # the SDK's own max_turns: its MaxTurnsExceeded, the fenced run ended naming it
-    model = ScriptedModel([_calls(("flaky", f'{{"n": {i}}}')) for i in (4, 5, 6)])
+
+
+@pytest.mark.parametrize("max_turns", [2, 3])
+def test_the_sdks_own_max_turns_is_a_named_stop_that_replays(max_turns: int, tmp_path: Path) -> None:
+    """Its MaxTurnsExceeded is raised unchanged; the fenced run ends framework_limit naming
+    max_turns and its value (not internal_error), and the log reconciles and replays to that stop."""
+    model = ScriptedModel([_calls(("flaky", f'{{"n": {i}}}')) for i in (4, 5, 6, 7)])
     fence = AgentsFence(log=str(tmp_path / "turns.jsonl"))
     with pytest.raises(MaxTurnsExceeded):
-        Runner.run_sync(fence.agent(_agent(model, [flaky])), "go", max_turns=2)
-    assert fence.result.stop.reason is StopReason.INTERNAL_ERROR and "MaxTurnsExceeded" in fence.result.stop.detail
-    assert fence.result.ledger.tool_executions == 2
-    reconciles(tmp_path / "turns.jsonl")
+        Runner.run_sync(fence.agent(_agent(model, [flaky])), "go", max_turns=max_turns)
+    ends_at_the_frameworks_limit(tmp_path / "turns.jsonl", fence.result, "openai-agents", "max_turns", max_turns,
+                                 requests=max_turns, executions=max_turns)
 
 
 def test_untrusted_content_gates_a_privileged_call_and_the_sdk_gets_the_refusal(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from langchain.agents import create_agent
+from langchain.agents.middleware import ModelCallLimitMiddleware, ToolCallLimitMiddleware
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import StructuredTool, ToolException
@@ -32,8 +33,9 @@ from loopfence.integrations.langchain import _parameters
 from loopfence.runlog import read_log
 from loopfence.runlog._schema import ResultLine, StopLine
 
-from _integration_support import (CAP, DRAWN_TURNS, drawn_script, gated_tools, reaches_its_answer, reconciles,
-                                  replays_reports_and_exports, runs_like_the_ring, stops_like_the_ring)
+from _integration_support import (CAP, DRAWN_TURNS, drawn_script, ends_at_the_frameworks_limit, gated_tools,
+                                  reaches_its_answer, reconciles, replays_reports_and_exports, runs_like_the_ring,
+                                  stops_like_the_ring)
 from bench.common import Script, Source, Workspace, calls_of  # _integration_support put the root on sys.path
 from bench.frameworks.langchain_fw import ScriptChatModel  # the bench's chat model over a script
 from bench.scripts import HONEST, RUNAWAY
@@ -133,6 +135,24 @@ def test_a_budget_is_checked_before_the_request_and_every_request_carries_max_to
     assert [k.get("max_tokens") for k in seen] == [300, 300]  # the third request was never sent
     assert fence.result.ledger.model_requests == 2 and fence.result.ledger.tool_executions == 2
     reconciles(tmp_path / "r.jsonl")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(("limiter", "name", "requests", "executions"), [
+    (ModelCallLimitMiddleware(run_limit=3), "ModelCallLimitMiddleware.run_limit", 3, 3),  # before the 4th request
+    (ToolCallLimitMiddleware(run_limit=3, exit_behavior="end"), "ToolCallLimitMiddleware.run_limit", 4, 3)],
+    ids=["model_calls", "tool_calls"])  # the 4th reply's call is not run
+def test_langchains_own_call_limit_is_a_named_stop_that_replays(limiter: Any, name: str, requests: int,
+                                                                executions: int, mode: str, tmp_path: Path) -> None:
+    """A call-limit middleware ends the run with its own message (exit_behavior "end"): the run's
+    stop is framework_limit naming the middleware's limit and value (not empty_answer), and the log
+    reconciles and replays to that stop."""
+    model = scripted_model(_calls(("flaky", {"n": n})) for n in range(4, 10))
+    fence = FenceMiddleware(log=str(tmp_path / "limit.jsonl"))
+    out = _invoke(create_agent(model, tools=[flaky], middleware=[fence, limiter]), mode)
+    assert "limit" in out["messages"][-1].text  # LangChain's own ending, unchanged
+    ends_at_the_frameworks_limit(tmp_path / "limit.jsonl", fence.result, "langchain", name, 3,
+                                 requests=requests, executions=executions)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -17,17 +17,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from pydantic_ai import Agent, ModelRetry
-from pydantic_ai.exceptions import AgentRunError
+from pydantic_ai.exceptions import AgentRunError, UsageLimitExceeded
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import UsageLimits
 
 from loopfence import Limits, Policy, StopReason
 from loopfence.integrations import FenceStop
 from loopfence.integrations.pydantic_ai import FenceCapability, PydanticAIFenceStop, recorded_model
 from loopfence.runlog import read_log
 
-from _integration_support import (CAP, drawn_script, drawn_turns, gated_tools, reaches_its_answer, reconciles,
-                                  replays_reports_and_exports, runs_like_the_ring, stops_like_the_ring)
+from _integration_support import (CAP, drawn_script, drawn_turns, ends_at_the_frameworks_limit, gated_tools,
+                                  reaches_its_answer, reconciles, replays_reports_and_exports, runs_like_the_ring,
+                                  stops_like_the_ring)
 from bench.common import Script, Source, Workspace  # the bench: on sys.path by the support module
 from bench.frameworks.pydantic_ai_fw import _model  # the bench's FunctionModel over a script
 from bench.scripts import HONEST, RUNAWAY
@@ -129,6 +131,20 @@ def test_a_tool_retry_is_a_result_and_a_tool_exception_is_raised_on_with_the_sto
         Agent(model, tools=[flaky], capabilities=[fence]).run_sync("go")
     assert fence.result.stop.reason is StopReason.ENDPOINT_ERROR
     reconciles(tmp_path / "model.jsonl")
+
+
+@pytest.mark.parametrize(("name", "requests", "executions"), [
+    ("request_limit", 3, 3),  # checked before the 4th request
+    ("tool_calls_limit", 2, 2)])  # checked before the 2nd reply's two calls: neither runs
+def test_pydantic_ais_own_usage_limit_is_a_named_stop_that_replays(name: str, requests: int, executions: int,
+                                                                   tmp_path: Path) -> None:
+    model, _ = _scripted([[("flaky", f'{{"n": {n}}}'), ("flaky", f'{{"n": {n + 10}}}')] if name != "request_limit"
+                          else [("flaky", f'{{"n": {n}}}')] for n in range(4, 10)])
+    fence = FenceCapability(log=str(tmp_path / "limit.jsonl"))
+    with pytest.raises(UsageLimitExceeded):  # pydantic-ai's own error, raised unchanged
+        Agent(model, tools=[flaky], capabilities=[fence]).run_sync("go", usage_limits=UsageLimits(**{name: 3}))
+    ends_at_the_frameworks_limit(tmp_path / "limit.jsonl", fence.result, "pydantic-ai", name, 3,
+                                 requests=requests, executions=executions)
 
 
 def test_untrusted_content_gates_a_privileged_call_and_the_framework_gets_the_refusal(tmp_path: Path) -> None:

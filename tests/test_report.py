@@ -104,6 +104,34 @@ def test_a_long_result_is_clipped_and_a_log_without_its_stop_says_so(tmp_path: P
     assert "NO STOP" in page and "torn last line" in page and 'class="stop NONE"' in page
 
 
+def test_a_resumed_log_shows_every_segments_stop_under_the_limits_it_went_on_with(tmp_path: Path) -> None:
+    from loopfence.runlog import resume
+
+    (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
+    log = tmp_path / "resumed.jsonl"
+    down = {"status": 400, "body": {"error": {"message": "the endpoint is down"}}}  # not retried
+    read = calls_reply(tool_call("read_file", path="a.txt"))
+    with FakeServer([read, down]) as srv, OpenAIModel(srv.base_url, "m1") as model:
+        first = run("Read a.txt", model=model, tools=workspace_tools(tmp_path), limits=Limits(max_steps=2),
+                    log=RunLog(log))
+    assert first.stop.reason == "endpoint_error"
+    listing = calls_reply(tool_call("list_dir"))
+    with FakeServer([listing, text_reply("all read")]) as srv, OpenAIModel(srv.base_url, "m2") as model:
+        went_on = resume(log, model=model, tools=workspace_tools(tmp_path), limits={"max_steps": 4})
+    assert went_on.result is not None and went_on.result.stop.reason == "final_answer"
+    stops = [(n, e) for n, e in enumerate(map(json.loads, log.read_text(encoding="utf-8").splitlines()), 1)
+             if e["event"] == "stop"]
+    assert [e["reason"] for _, e in stops] == ["endpoint_error", "final_answer"]
+    page = write_run_report(log).read_text(encoding="utf-8")
+    line, stop1 = stops[0]
+    assert page.count("endpoint_error") >= 2  # in the stop block's segments and on the timeline
+    assert f"endpoint_error</span> (KILL, line {line})" in page and f"(KILL, line {line}) at " in page
+    assert stop1["detail"].split(";")[0] in page
+    assert page.index("endpoint_error</b>") < page.index("resumed after line")  # the stop, then the resume
+    used = stops[1][1]["ledger"]["model_requests"]
+    assert used > 2 and f"{used} of 4 ({used / 4:.0%})" in page  # max_steps as the run went on, not 2
+
+
 def test_report_command_for_a_log(run_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "page.html"
     assert cli(["report", str(run_log), "-o", str(out)]) == 0

@@ -127,6 +127,64 @@ def test_no_setuid_or_setgid_file_can_be_made(tmp_path: Path, attempt: str) -> N
         assert not path.lstat().st_mode & (stat.S_ISUID | stat.S_ISGID), oct(path.lstat().st_mode)
 
 
+def _mmap_write(path: str) -> str:
+    """A write through a shared mapping: the one write the kernel does not clear the setuid bit on."""
+    return (f"python3 -c \"import mmap,os; fd=os.open('{path}',os.O_RDWR); m=mmap.mmap(fd,0); "
+            "m[100:104]=b'ABCD'; m.flush()\"")
+
+
+def _setuid_state(ws: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(ws)): (p.lstat().st_mode, p.read_bytes()) for p in ws.rglob("*")
+            if p.is_file() and not p.is_symlink() and p.lstat().st_mode & (stat.S_ISUID | stat.S_ISGID)}
+
+
+def test_a_setuid_file_in_the_workspace_cannot_be_rewritten_through_a_mapping(tmp_path: Path) -> None:
+    """Setuid and setgid files (hard links and subfolders too) are read-only inside: not mapped for
+    writing, linked to a writable name, truncated, replaced or stripped of their bit."""
+    ws = tmp_path / "ws"
+    (ws / "sub" / "deep").mkdir(parents=True)
+    shutil.copy("/bin/true", ws / "tool")
+    os.chmod(ws / "tool", 0o4755)
+    os.link(ws / "tool", ws / "sub" / "link")
+    shutil.copy("/bin/true", ws / "sub" / "deep" / "sg")
+    os.chmod(ws / "sub" / "deep" / "sg", 0o2755)
+    before = _setuid_state(ws)
+    assert len(before) == 3
+    shell = Shell(ws)
+    for path in ("tool", "sub/link", "sub/deep/sg"):
+        data = shell.run(_mmap_write(path), 20)
+        assert data["ok"] is False and "Read-only file system" in data["stderr"], data
+    tries = shell.run("ln tool t2; ln sub/deep/sg sub/t3; " + _mmap_write("t2") + "; " + _mmap_write("sub/t3")
+                      + "; truncate -s 0 tool; mv sub/link moved; chmod u-s tool", 20)
+    assert tries["ok"] is False
+    writable = shell.run("find . -type f -perm /6000 -writable", 20)
+    assert writable["ok"] and writable["stdout"] == "", writable
+    assert _setuid_state(ws) == before  # same files, same modes, same bytes
+
+
+def test_a_file_made_setuid_on_the_host_between_commands_is_read_only_in_the_next(tmp_path: Path) -> None:
+    shell = Shell(tmp_path)
+    assert shell.run("cp /bin/true made", 20)["ok"]
+    os.chmod(tmp_path / "made", 0o4755)  # not by the sandbox: the host (its user, another program)
+    original = (tmp_path / "made").read_bytes()
+    data = shell.run(_mmap_write("made"), 20)
+    assert data["ok"] is False and "Read-only file system" in data["stderr"], data
+    assert (tmp_path / "made").read_bytes() == original
+
+
+def test_the_setuid_scan_fails_closed_past_its_limit(tmp_path: Path) -> None:
+    from loopfence.tools._sandbox import SetuidScanError, setuid_files
+
+    for name in ("a", "b", "c"):
+        (tmp_path / name).write_bytes(b"x")
+        os.chmod(tmp_path / name, 0o4644)
+    (tmp_path / "plain").write_bytes(b"x")
+    os.symlink("/usr/bin/su", tmp_path / "to-su")  # a link is not followed (su lies outside)
+    assert setuid_files(tmp_path) == ["a", "b", "c"]
+    with pytest.raises(SetuidScanError, match="more than 2 setuid/setgid files"):
+        setuid_files(tmp_path, limit=2)
+
+
 _SPAWN = ("python3 -c \"import subprocess\nps=[]\ntry:\n    for i in range(1500): "
           "ps.append(subprocess.Popen(['sleep','5']))\nexcept OSError: pass\nprint('started', len(ps))\"")
 

@@ -36,7 +36,10 @@ def test_sync_iteration_yields_the_same_events_as_async(tmp_path: Path) -> None:
     assert [e.event for e in synced] == [e.event for e in awaited] == [
         "header", "request", "reply", "call", "result", "request", "reply", "stop"]
     assert isinstance(synced[-1], StopLine) and synced[-1].reason == s.result.stop.reason
-    assert [e.seq for e in synced] == [e.seq for e in read_log(tmp_path / "sync.jsonl").all_events]
+    read = read_log(tmp_path / "sync.jsonl").all_events
+    assert [e.seq for e in synced] == [e.seq for e in read]
+    # One shape: what the log reads back names each event as the live events do (`.event`).
+    assert [e.event for e in read] == [e.event for e in synced]
 
 
 def _forever(hold: threading.Event) -> tuple[ScriptedModel, list]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,22 @@ def test_write_file_creates_parents_and_reports_bytes(tmp_path: Path) -> None:
     assert again["created"] is False and (tmp_path / "notes/2024/pi.md").read_text() == "x"
     assert body(call(tools, "write_file", path="notes", content="x"))["error"] == "is_a_directory"
     assert [p.name for p in (tmp_path / "notes/2024").iterdir()] == ["pi.md"]  # no temp files left
+
+
+@pytest.mark.parametrize("extra", [0, 1, 27, 28])  # bytes short of the file system's longest name
+def test_write_file_and_apply_patch_take_every_name_the_file_system_takes(tmp_path: Path, extra: int) -> None:
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
+    name = "é" * ((longest - extra) // 2) + "n" * ((longest - extra) % 2)  # two bytes a character
+    assert len(name.encode()) == longest - extra
+    tools = tools_for(tmp_path)
+    made = body(call(tools, "write_file", path=f"d/{name}", content="one\n"))
+    assert made == {"ok": True, "path": f"d/{name}", "bytes_written": 4, "created": True}, made
+    again = body(call(tools, "write_file", path=f"d/{name}", content="two\n"))
+    assert again["ok"] and again["created"] is False
+    patch = f"--- a/d/{name}\n+++ b/d/{name}\n@@ -1 +1 @@\n-two\n+three\n"
+    assert body(call(tools, "apply_patch", patch=patch))["ok"]
+    assert [p.name for p in (tmp_path / "d").iterdir()] == [name]
+    assert (tmp_path / "d" / name).read_text() == "three\n"
 
 
 def test_builtins_have_the_public_names_kinds_and_flags(tmp_path: Path) -> None:

@@ -279,3 +279,76 @@ def test_unsandboxed_is_an_explicit_opt_out_named_in_the_result_and_description(
     assert "WITHOUT a sandbox" in t.description
     assert run(tmp_path, "true", sandbox=False)["sandbox"].startswith("none")
     assert "no network" in workspace_tools(tmp_path, names=["run_command"])[0].description
+
+
+
+
+_AS_A_USER = """
+import ctypes, os, sys
+from pathlib import Path
+from loopfence.tools._shell import Shell
+ws, *pythons = sys.argv[1:]
+if os.geteuid() == 0:  # a user's own process, as it starts (root's commands read every process's memory)
+    os.setgroups([])
+    os.setresgid(65534, 65534, 65534)
+    os.setresuid(65534, 65534, 65534)
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE 1: a change of uid had cleared it
+    usable = [p for p in pythons if os.access(p, os.X_OK)]
+    if not usable:
+        sys.exit("SKIP: no Python this user can run, for the launcher (standard library only)")
+    sys.executable = usable[0]
+"""
+
+
+def as_a_user(body: str, ws: Path, env: dict[str, str] | None = None) -> str:
+    """`body` run by a process of an unprivileged user (uid 65534 when the tests run as root), with
+    `Shell` imported and `ws` its workspace; its standard output."""
+    import subprocess
+    import sys
+    if os.geteuid() == 0:
+        os.chown(ws, 65534, 65534)
+    done = subprocess.run([sys.executable, "-c", _AS_A_USER + body, str(ws), "/usr/bin/python3",
+                           "/usr/local/bin/python3", "/bin/python3"], env={**os.environ, **(env or {})},
+                          cwd="/", timeout=120, capture_output=True, text=True, check=False)
+    if done.stderr.startswith("SKIP: "):
+        pytest.skip(done.stderr[6:])
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_an_unsandboxed_command_cannot_read_the_key_from_loopfences_own_environment() -> None:
+    """/proc/PID/environ keeps the environment a process started with (the key, even after it was
+    unset) and is open to every process of the same user, unless the process is non-dumpable."""
+    tag = f"probe-{random.randrange(10**9)}"
+    command = ("tr '\\0\\n' '  ' < /proc/$PPID/cmdline; echo; "
+               "tr '\\0' '\\n' < /proc/$PPID/environ | grep -c '^OPENAI_API_KEY='; "
+               "od -c /proc/$PPID/mem > /dev/null && echo mem-read")
+    with tempfile.TemporaryDirectory() as ws:  # under /tmp: reachable for the unprivileged user
+        out = as_a_user(f"print(Shell(Path(ws), sandbox=False).run({command!r}, 10)['stdout'])  # {tag}",
+                        Path(ws), {"OPENAI_API_KEY": "sk-test-in-the-parent-0123456789"})
+    cmdline, count, *rest = out.splitlines()
+    assert tag in cmdline  # $PPID is the process that holds the key
+    assert count == "0" and "mem-read" not in rest, out
+
+
+@needs_bwrap
+def test_a_folder_the_user_cannot_list_is_read_only_in_the_sandbox() -> None:
+    """What a folder holds cannot be checked for setuid files when it cannot be listed; its owner
+    could open it from inside (chmod), so it is bound read-only whole (as root every folder is listed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = Path(tmp)
+        (ws / "shut").mkdir()
+        (ws / "shut" / "tool").write_bytes(b"#!/bin/sh\n" + b"x" * 200)
+        os.chmod(ws / "shut" / "tool", 0o4755)
+        for path in (ws / "shut", ws / "shut" / "tool"):
+            if os.geteuid() == 0:
+                os.chown(path, 65534, 65534)
+        os.chmod(ws / "shut", 0o000)
+        body = ("r = Shell(Path(ws)).run(\"chmod 755 shut && python3 -c \\\"import mmap,os; "
+                "fd=os.open('shut/tool',os.O_RDWR); m=mmap.mmap(fd,0); m[100:104]=b'ABCD'\\\"\", 20)\n"
+                "print(r['ok'], r['stderr'])")
+        out = as_a_user(body, ws)
+        os.chmod(ws / "shut", 0o755)
+        assert out.startswith("False") and "Read-only file system" in out, out
+        assert (ws / "shut" / "tool").read_bytes() == b"#!/bin/sh\n" + b"x" * 200
+        assert (ws / "shut").stat().st_mode & 0o777 == 0o755  # put back here, not from inside

@@ -3,7 +3,8 @@
 Content is untrusted when a tool result says so (`ToolResult.untrusted`: HTML pages that were in the
 workspace at the start, tools declared untrusted, workspace files marked by glob, drill tools flagged
 untrusted), or when a result of any tool holds text from an untrusted source (tools/_provenance:
-fingerprints of those sources, so `cat page.html` taints as `read_file page.html` does). From the
+fingerprints of those sources, so `cat page.html` taints as `read_file page.html` does; a source too
+large to fingerprint taints every `run_command` / `apply_patch` result instead). From the
 first such result on, the run is *tainted*: privileged tools (those flagged `privileged=True`, plus
 `run_command`, `write_file` and `apply_patch` by name) are refused with a structured
 `permission_denied` result unless the approval hook allows that one call. The taint never lifts:
@@ -44,6 +45,7 @@ ApprovalHook = Callable[["CheckedCall", str], bool]
 """(the call, why it is gated) -> True to run this one call despite the taint."""
 
 _SOURCE_KEYS = ("path", "url", "uri", "file", "query", "name")
+_QUOTING = frozenset({"run_command", "apply_patch"})  # built-ins whose result may quote any workspace file
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,11 @@ class UntrustedGate(Guard):
             if prov is not None and origin in prov.files:
                 why += ": " + prov.explain(origin)
             self.mark(Taint(s.ledger.model_requests, source, why), s, c.call.id, r.decision)
+        elif prov is not None and prov.opaque and c.tool.provenance is prov and c.tool.name in _QUOTING:
+            origin, unseen = next(iter(sorted(prov.opaque.items())))  # fail closed: it may, unseen
+            why = f"{HOLDS_TEXT}{origin} as far as can be told: {unseen}"
+            self.mark(Taint(s.ledger.model_requests, describe_source(c.tool.name, c.args), why), s,
+                      c.call.id, r.decision)
         if self.taint is not None and prov is not None:
             prov.tainted()
             if r.decision == "executed" and c.tool.kind == ToolKind.SIDE_EFFECT:

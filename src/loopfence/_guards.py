@@ -139,12 +139,12 @@ class PromptTokenLimit(Guard):
         if self.context_window is not None and est > self.context_window:
             return Stop(StopReason.CONTEXT_OVERFLOW, f"the next prompt (~{est} tokens, estimated) would "
                         f"not fit context_window={self.context_window}; not sent",
-                        {"limit": self.context_window, "value": est})
+                        {"limit": self.context_window, "value": est, "prompt_estimate": est})
         used = s.ledger.prompt_tokens
         if self.limit is not None and used + est > self.limit:
             return Stop(StopReason.MAX_PROMPT_TOKENS, f"the next request would exceed max_prompt_tokens="
                         f"{self.limit}: {used} used + ~{est} estimated for the next prompt; not sent",
-                        {"limit": self.limit, "value": used + est})
+                        {"limit": self.limit, "value": used + est, "prompt_estimate": est})
         return None
 
 
@@ -188,7 +188,7 @@ class CostLimit(Guard):
                         f"${spent:.6f} spent + ${prompt_usd:.6f} for the next prompt (~{est} tokens at "
                         f"${p.input_per_mtok:g}/MTok) + ${out_usd:.6f} for {reserve} reserved completion tokens "
                         f"(at ${p.output_per_mtok:g}/MTok, {p.model}); not sent",
-                        {"limit": self.limit, "value": total})
+                        {"limit": self.limit, "value": total, "prompt_estimate": est})
         return None
 
 

@@ -59,12 +59,53 @@ class Limits:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
+    def coding(cls) -> Limits:
+        """Sized for a coding agent (a SWE-bench-style task: read, edit, run the tests, many times).
+
+        371 resolved SWE-bench runs needed a median of 34 model requests (p90 59, max 125), and each
+        request resends a context that grows with the run, so the cumulative prompt budget is sized
+        for that, not for a chat. Each value's reasoning: docs/limit-profiles.md.
+        """
+        return cls(**_PROFILES["coding"])
+
+    @classmethod
+    def chat(cls) -> Limits:
+        """Sized for a tool-calling assistant in a conversation (tau-bench: 84 conversations needed a
+        median of 9 model requests, p90 17). Each value's reasoning: docs/limit-profiles.md."""
+        return cls(**_PROFILES["chat"])
+
+    @classmethod
+    def profile(cls, name: str) -> Limits:
+        """The limits a profile names: `default` (`Limits()`), `coding` or `chat`; another name raises
+        `ValueError` listing the valid ones."""
+        if name not in _PROFILES:
+            raise ValueError(f"unknown limit profile {name!r} (known: {', '.join(_PROFILES)})")
+        return cls(**_PROFILES[name])
+
+    @classmethod
+    def profiles(cls) -> tuple[str, ...]:
+        """The profile names `profile()` and `--limits NAME` take."""
+        return tuple(_PROFILES)
+
+    @classmethod
     def from_json(cls, data: dict[str, Any]) -> Limits:
         unknown = sorted(set(data) - set(cls.names()))
         if unknown:
             raise ValueError(f"unknown limit {unknown[0]!r} (known: {', '.join(cls.names())})")
         return cls(**data)  # checked by __post_init__
 
+
+# Named profiles: only what differs from the defaults (the repetition rules, context_window,
+# max_cost_usd and last_answer_tokens stay as they are). The reasoning for each value, from the
+# recorded real runs in tests/data/real-runs/, is in docs/limit-profiles.md; tests check they agree.
+_PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "coding": {"max_steps": 150, "max_tool_calls": 300, "max_prompt_tokens": 8_000_000,
+               "max_completion_tokens": 250_000, "max_tokens_per_request": 8_192,
+               "max_wall_seconds": 3_600.0, "tool_timeout_s": 120.0},
+    "chat": {"max_steps": 30, "max_tool_calls": 60, "max_prompt_tokens": 250_000,
+             "max_completion_tokens": 20_000},
+}
 
 _INT = {"max_steps", "max_tool_calls", "max_prompt_tokens", "max_completion_tokens",
         "max_tokens_per_request", "max_repeats", "max_identical_results", "max_cycle_repeats", "context_window",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,16 @@ from .runlog._writer import Abandoned, LogWriteError, RunLog
 from .tools._executor import Executor, ToolResult
 from .tools._registry import Registry, Tool
 
-__all__ = ["run", "arun", "drive", "adrive", "new_state", "check_price", "LAST_ANSWER_FOR", "last_answer_prompt"]
+__all__ = ["run", "arun", "drive", "adrive", "new_state", "check_price", "check_model", "LAST_ANSWER_FOR",
+           "last_answer_prompt"]
 
 
-async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: Limits | None = None,
-               policy: Policy | None = None, system: str | None = None, params: dict[str, Any] | None = None,
+LimitsArg = Limits | Mapping[str, Any] | None  # a dict of Limits' field names is taken too
+PolicyArg = Policy | Mapping[str, Any] | None
+
+
+async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: LimitsArg = None,
+               policy: PolicyArg = None, system: str | None = None, params: dict[str, Any] | None = None,
                log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
                executor: Executor | None = None, header: dict[str, Any] | None = None,
                gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
@@ -55,13 +60,14 @@ async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = ()
     a bug inside loopfence ends it `internal_error` with the traceback in the stop's data.
     Arguments as `run()`.
     """
+    check_model(model)
     state, runlog, guard, exe = start(task, model, tools, limits, policy, system, params, log, guards,
                                        executor, header, gate, approve, compaction, on_event, prices)
     return await adrive(state, model, runlog, guard, exe)
 
 
-def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: Limits | None = None,
-        policy: Policy | None = None, system: str | None = None, params: dict[str, Any] | None = None,
+def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: LimitsArg = None,
+        policy: PolicyArg = None, system: str | None = None, params: dict[str, Any] | None = None,
         log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
         executor: Executor | None = None, header: dict[str, Any] | None = None,
         gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
@@ -81,15 +87,29 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
     counts dollars. A cost budget for a model with no known price raises PriceError (a ValueError)
     before anything is written or sent.
     """
+    check_model(model)
     state, runlog, guard, exe = start(task, model, tools, limits, policy, system, params, log, guards,
                                        executor, header, gate, approve, compaction, on_event, prices)
     return drive(state, model, runlog, guard, exe)
 
 
-def check_price(model: Model, limits: Limits, prices: PricesArg = None) -> None:
+def check_price(model: Model, limits: Limits, prices: PricesArg = None,
+                params: dict[str, Any] | None = None) -> None:
     """The PriceError run() would raise at its start, without starting a run (the CLI asks before it
     makes the log file)."""
-    set_price(RunState(limits, Policy(), Registry(())), model, describe_model(model), prices)
+    set_price(RunState(limits, Policy(), Registry(()), dict(params or {})), model, describe_model(model), prices)
+
+
+def check_model(model: Any) -> None:
+    """TypeError, before the run starts, for a `model=` that is not a model adapter (a model's name)."""
+    if isinstance(model, str):
+        raise TypeError(f"model= takes a model adapter, not a name: for {model!r} on an OpenAI-compatible "
+                        f"endpoint, model=OpenAIModel(base_url=\"https://api.openai.com/v1\", model={model!r}) "
+                        f"(or OpenAIModel.from_env(model={model!r}): LOOPFENCE_BASE_URL, LOOPFENCE_API_KEY); "
+                        f"also LocalModel() or ScriptedModel([...])")
+    if not any(callable(getattr(model, m, None)) for m in ("complete", "acomplete")):
+        raise TypeError(f"model= must have complete(request) or async acomplete(request) (the Model "
+                        f"protocol), got {type(model).__name__}")
 
 
 def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
@@ -190,7 +210,9 @@ async def _last_answer(s: RunState, ops: _Ops, log: RunLog, guards: Guards,
         if s.needs_count():
             await _count(s, ops)
         if (no := guards.before_request(s)) is not None:
-            log.write("last_answer", step=step, decision="skipped", reason=str(no.reason), detail=no.detail)
+            est = no.data.get("prompt_estimate")  # the figure a prompt budget judged (replay counts with it)
+            log.write("last_answer", step=step, decision="skipped", reason=str(no.reason), detail=no.detail,
+                      **({"prompt_estimate": est} if est is not None else {}))
             return None, None
         log.write("last_answer", step=step, decision="asked", reason=None,
                   detail=f"after {stop.reason}: one request with tools disabled", max_tokens=s.max_tokens())

@@ -140,7 +140,8 @@ class PriceBook:
         price = self.price(model)
         if price is not None:
             return price
-        named = f"model {model!r}" if model is not None else f"the model ({who}: its describe() names no model)"
+        named = f"model {model!r}" if model is not None else \
+            f"the model ({who}: its describe() names no model, and params has no \"model\")"
         raise PriceError(f"max_cost_usd is set, and {named} has no known price: genai-prices does not know "
                          f"it and the `prices` option does not name it. Give its price: "
                          f"prices={{{(model or ANY_MODEL)!r}: (input_per_mtok, output_per_mtok)}} (dollars per "

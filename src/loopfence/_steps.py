@@ -9,17 +9,18 @@ log that `loopfence reconcile` folds through the ring like any other.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ._compact import Compaction
-from ._contract import CheckedCall, ContractResult
+from ._contract import CheckedCall, ContractResult, requested_max_tokens
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard, Guards, default_guards, nudge_for
 from ._hooks import with_run_hooks
@@ -35,13 +36,15 @@ from .runlog._writer import FORMAT, VERSION, RunLog
 from .tools._executor import Executor, ToolResult, error_result, refusal
 from .tools._registry import Registry, Tool, ToolKind
 
-__all__ = ["start", "new_state", "set_price", "describe_model", "open_request", "close_reply",
+__all__ = ["start", "new_state", "config_of", "set_price", "describe_model", "open_request", "close_reply",
            "settle_contract", "announce", "run_call", "end_turn", "deliver_note", "record", "settle",
            "finish", "nudge"]
 
+C = TypeVar("C", Limits, Policy)
 
-def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limits | None,
-          policy: Policy | None, system: str | None, params: dict[str, Any] | None,
+
+def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limits | Mapping[str, Any] | None,
+          policy: Policy | Mapping[str, Any] | None, system: str | None, params: dict[str, Any] | None,
           log: RunLog | str | Path | None, guards: list[Guard] | None, executor: Executor | None,
           header: dict[str, Any] | None, gate: UntrustedGate | None, approve: ApprovalHook | None,
           compaction: Compaction | None,
@@ -58,8 +61,8 @@ def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limit
     messages = ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": task}]
     gate = gate or UntrustedGate(approve)
-    state = new_state(registry, limits or Limits(), policy or Policy(), params or {}, messages,
-                      compaction or Compaction())
+    state = new_state(registry, config_of(Limits, limits, "limits"), config_of(Policy, policy, "policy"),
+                      params or {}, messages, compaction or Compaction())
     described = describe_model(model)
     set_price(state, model, described, prices)
     priced = {"prices": state.prices.record(state.price)} if state.prices is not None else {}
@@ -80,12 +83,34 @@ def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limit
     return state, runlog, default_guards(state.limits, guards, gate), executor or Executor()
 
 
+def config_of(cls: type[C], value: C | Mapping[str, Any] | None, what: str) -> C:
+    """`limits=` or `policy=` as run() takes it: the class's instance, None (its defaults), or a
+    mapping of its field names (the others keep their defaults). TypeError for anything else,
+    ValueError naming every unknown key, before the run starts."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what} must be a {cls.__name__} or a dict of its fields (e.g. {what}="
+                        f"{cls.__name__}(...) or {what}={{...}}), got {type(value).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = [repr(k) for k in value if k not in names]
+    if unknown:
+        raise ValueError(f"{what}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                         f"(known: {', '.join(names)})")
+    return cls(**value)
+
+
 def set_price(s: RunState, model: Any, described: dict[str, Any], prices: PricesArg) -> None:
-    """The run's price book and start price (by the name the model's describe() gives), where it has
-    a cost budget or a price table; PriceError for a cost budget with no price."""
+    """The run's price book and start price, where it has a cost budget or a price table; PriceError
+    for a cost budget with no price. Priced by the name the model's describe() gives (what an
+    `OpenAIModel` sends, whatever the params say), else by the `model` the request params set."""
     if prices is None and s.limits.max_cost_usd is None:
         return
     name = described.get("model")
+    if not (isinstance(name, str) and name):
+        name = s.params.get("model")
     s.set_prices(price_book(prices), name if isinstance(name, str) and name else None,
                  f"{type(model).__name__}, kind {described.get('kind')!r}")
 
@@ -135,7 +160,8 @@ def settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractRes
     Fail closed by default; feedback mode tells the model."""
     if checked.incomplete:
         final[1] = reply.content
-        return [], Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail), []
+        cut = _cut_by_budget(s, reply) or Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail)
+        return [], cut, []
     if not reply.tool_calls:
         text = (reply.content or "").strip()
         if text:
@@ -162,6 +188,25 @@ def settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractRes
     why = "" if s.policy.on_bad_call == "fail" else \
         f" ({s.bad_streak} replies in a row with a violation, max_bad_calls={limit})"
     return [], Stop(first.reason, first.detail + why), given
+
+
+def _cut_by_budget(s: RunState, reply: Reply) -> Stop | None:
+    """A reply cut at the tokens the run reserved for it (its `max_tokens` lowered to what was left
+    of max_completion_tokens, below every other cap) is that budget's stop; None for any other cut
+    (a broken stream, a cap the user asked for, the server's own)."""
+    limit = s.limits.max_completion_tokens
+    if limit is None or not reply.complete or reply.finish_reason != "length" or not s.ledger.per_step:
+        return None
+    used = s.ledger.completion_tokens
+    left = limit - (used - s.ledger.per_step[-1][1])  # what was left when the request was sent
+    caps = [c for c in (s.limits.max_tokens_per_request, requested_max_tokens(s.params)) if c is not None]
+    reported = reply.usage.completion_tokens if reply.usage else None
+    if left < 1 or any(c <= left for c in caps) or (reported is not None and reported < left):
+        return None
+    calls = "; its tool calls were not run" if reply.tool_calls else ""
+    return Stop(StopReason.MAX_COMPLETION_TOKENS, f"the reply was cut at the {left} tokens left of "
+                f"max_completion_tokens={limit} ({used} used in all){calls}",
+                {"limit": limit, "value": used, "left": left})
 
 
 def _violation_result(body: dict[str, Any]) -> ToolResult:

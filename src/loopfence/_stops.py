@@ -38,6 +38,9 @@ class StopReason(StrEnum):
     CONTEXT_OVERFLOW = "context_overflow"
     ENDPOINT_ERROR = "endpoint_error"
     CANCELLED = "cancelled"
+    # a fenced framework's own limit ended its run (pydantic-ai's request_limit, the Agents SDK's
+    # max_turns, LangGraph's recursion_limit): data {"framework", "name", "limit"} name it and its value
+    FRAMEWORK_LIMIT = "framework_limit"
     GUARD = "guard"  # a custom guard's own rule: data["guard"] names the guard (Guard.stop)
     INTERNAL_ERROR = "internal_error"  # a bug inside loopfence (or a guard): the traceback is in the data
 

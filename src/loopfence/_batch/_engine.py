@@ -5,8 +5,9 @@
 
 At most `concurrency` episodes run at once (a semaphore); each is `arun()` with its own log
 (`episodes/ID.jsonl`) and, when it has a workspace or built-in tools, its own copy of the workspace
-(`workspaces/ID/`, removed when it finishes unless `keep_workspaces`). A row goes to `results.jsonl`
-as each episode finishes, in one write. Resuming (`resume=True`) reads the folder back: an episode
+(`workspaces/ID/`, removed when it finishes unless `keep_workspaces`; a batch folder inside the
+workspace is left out of the copy). A row goes to `results.jsonl` as each episode finishes, in one
+write. Resuming (`resume=True`) reads the folder back: an episode
 with a row is done; one with a log and no row is continued from its log (`_drivers.resume`: a
 side-effecting call whose outcome is unknown is never run again), or, when its log already ends
 with a stop, gets its row from that stop; the rest start. Episodes that ended for one of
@@ -113,7 +114,7 @@ async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | 
         kit = Kit.of(model, tools, limits=limits or Limits(), policy=policy or Policy(), params=dict(params or {}),
                      prices=prices, header=dict(header or {}))
         if not kit.is_factory:  # the check each episode's run makes at its start, once, before the folder
-            check_price(kit.model, kit.limits, prices)  # type: ignore[arg-type]
+            check_price(kit.model, kit.limits, prices, kit.params)  # type: ignore[arg-type]
     except (PriceError, ValueError) as exc:
         raise BatchError(str(exc)) from None
     engine = _Engine(folder, kit, stops, max_retries, keep_workspaces, results, on_result, drain)
@@ -202,6 +203,7 @@ def _open_job(folder: Path, episodes: Any, resume: bool, settings: dict[str, Any
         if resume:
             job = read_job(folder)
             recorded = load_episodes(folder / INPUT, custom_tools=None, check_workspaces=False)
+            _check_workspaces(folder, recorded)
             if episodes is not None:
                 given = _load(episodes, custom, check=False)
                 if [e.to_json() for e in given] != [e.to_json() for e in recorded]:
@@ -216,6 +218,7 @@ def _open_job(folder: Path, episodes: Any, resume: bool, settings: dict[str, Any
         if episodes is None:
             raise BatchError("no episodes given")
         job = _load(episodes, custom, check=True)
+        _check_workspaces(folder, job)
         try:
             (folder / EPISODES).mkdir(parents=True, exist_ok=True)
             _write_text(folder / INPUT, "".join(dumps(e.to_json()) + "\n" for e in job))
@@ -228,6 +231,21 @@ def _open_job(folder: Path, episodes: Any, resume: bool, settings: dict[str, Any
         return job
     except EpisodeError as exc:
         raise BatchError(str(exc)) from None
+
+
+def _check_workspaces(folder: Path, job: list[Episode]) -> None:
+    """An episode's workspace may hold the batch folder (its copies leave the folder out), but must
+    not be the folder itself or lie inside its workspace copies: each copy would hold itself."""
+    out = folder.resolve()
+    for ep in job:
+        if ep.workspace is None:
+            continue
+        ws = Path(ep.workspace)
+        if ws == out or ws.is_relative_to(out / WORKSPACES):
+            where = "is" if ws == out else f"lies inside the workspace copies ({WORKSPACES}/) of"
+            line = f" (line {ep.line})" if ep.line else ""
+            raise BatchError(f"episode {ep.id!r}{line}: workspace: {ws} {where} the batch folder --out {folder}, "
+                             "so each copy would hold itself; choose an --out outside it or in a subfolder of it")
 
 
 def _load(episodes: Any, custom: list[str] | None, check: bool) -> list[Episode]:
@@ -269,6 +287,17 @@ def _rotate(folder: Path, ident: str, attempt: int) -> None:
         dest = folder / RETRIES / ident / f"attempt-{attempt}.jsonl"
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(log, dest)
+
+
+def _leave_out(folder: Path) -> Callable[[str, list[str]], set[str]]:
+    """copytree's `ignore`: the batch folder, when it lies inside the workspace copied (its logs and
+    every episode's copy), is left out of the copy."""
+    out = os.path.realpath(folder)
+    name = os.path.basename(out)
+
+    def skip(where: str, names: list[str]) -> set[str]:
+        return {n for n in names if n == name and os.path.realpath(os.path.join(where, n)) == out}
+    return skip
 
 
 def _attempts_before(folder: Path, ident: str) -> int:
@@ -449,7 +478,7 @@ class _Engine:
         if where.exists():
             shutil.rmtree(where)
         if ep.workspace is not None:
-            shutil.copytree(ep.workspace, where, symlinks=True)
+            shutil.copytree(ep.workspace, where, symlinks=True, ignore=_leave_out(self.folder))
         else:
             where.mkdir(parents=True)
         return where.resolve()

@@ -17,7 +17,7 @@ from .._limits import Limits, parse_limit
 from .._printable import markup, printable, rich_text
 from .._stops import RunResult
 
-__all__ = ["UsageError", "limits_from_flags", "default_log_path", "check_new_log", "not_the_input",
+__all__ = ["UsageError", "add_profile_flag", "limits_from_flags", "default_log_path", "check_new_log", "not_the_input",
            "live_printer", "print_answer", "print_summary", "print_token_table", "stderr"]
 
 # emoji off: a ":name:" in a model's text stays text (markup is escaped where values are shown)
@@ -29,7 +29,20 @@ class UsageError(Exception):
     """Bad command-line input or input file: printed as one line, exit 2."""
 
 
-def limits_from_flags(pairs: list[str] | None, base: Limits | None = None) -> Limits:
+def add_profile_flag(p: Any) -> None:
+    """`--limits NAME`: the profile that `--limit NAME=VALUE` flags then change (run, batch)."""
+    p.add_argument("--limits", metavar="PROFILE", help=f"start from a named set of limits: "
+                   f"{', '.join(Limits.profiles())} (default: default); --limit flags change it further, "
+                   "e.g. --limits coding --limit max_steps=60 (docs/limit-profiles.md)")
+
+
+def limits_from_flags(pairs: list[str] | None, base: Limits | None = None, profile: str | None = None) -> Limits:
+    """`--limit NAME=VALUE` flags over `base`, or over the `--limits` profile, or over the defaults."""
+    if profile is not None:
+        try:
+            base = Limits.profile(profile)
+        except ValueError as exc:
+            raise UsageError(f"--limits {profile}: {exc}") from None
     changes: dict[str, Any] = {}
     for text in pairs or []:
         try:

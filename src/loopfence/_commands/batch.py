@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .._batch import BatchError, BatchResult, EpisodeResult, Summary, abatch, read_job
-from .._batch._engine import BACKENDS, SUMMARY
+from .._batch._engine import BACKENDS, RESULTS, SUMMARY
+from .._batch._results import ResultsError, ResultsFile
 from .._batch._recipe import Endpoints, ScriptFile
 from .._json import dumps, loads
 from .._loop import check_price
@@ -27,7 +28,7 @@ from ..mcp import McpUsageError, open_from_args
 from ..mcp import add_flags as add_mcp_flags
 from ..models import ScriptError
 from ..tools._builtin import BUILTIN_NAMES
-from ._common import UsageError, limits_from_flags, stderr
+from ._common import UsageError, add_profile_flag, limits_from_flags, stderr
 from ._toolspec import load_tools
 from .run import params_from_flags
 
@@ -35,7 +36,8 @@ __all__ = ["add_parser", "main"]
 
 HELP = "run many episodes (a JSONL file) through the fence, resumable after a kill"
 DEFAULT_CONCURRENCY = 16
-_FIXED = ("script", "tools", "limit", "param", "prices")  # settings of the job itself: not changed on --resume
+# settings of the job itself: not changed on --resume
+_FIXED = ("script", "tools", "limit", "limits", "param", "prices")
 
 
 def add_parser(sub: Any) -> None:
@@ -65,6 +67,7 @@ def add_parser(sub: Any) -> None:
                    help="custom Python tools (a Tool, a function, or a list of them; repeatable)")
     p.add_argument("--limit", metavar="NAME=VALUE", action="append",
                    help="a default limit for every episode (an episode's own limits win)")
+    add_profile_flag(p)  # recorded in job.json with the --limit flags
     p.add_argument("--param", metavar="NAME=VALUE", action="append",
                    help="a default request parameter for every episode (VALUE is JSON when it parses)")
     p.add_argument("--prices", metavar="FILE", help="model prices (TOML: \"model\" = [input, output] dollars "
@@ -124,7 +127,8 @@ def _settings(args: argparse.Namespace) -> tuple[Path, bool, dict[str, Any]]:
         folder, recorded = Path(args.out), {}
     given = {
         "base_urls": args.base_url, "model": args.model, "stream": args.stream, "script": args.script and
-        str(Path(args.script).resolve()), "tools": args.tools, "limits": args.limit, "params": args.param,
+        str(Path(args.script).resolve()), "tools": args.tools, "limits": args.limit,
+        "limits_profile": args.limits, "params": args.param,
         "concurrency": args.concurrency, "max_connections": args.max_connections,
         "retry_stops": args.retry_stops and [s.strip() for s in args.retry_stops.split(",") if s.strip()],
         "max_retries": args.max_retries, "keep_workspaces": args.keep_workspaces,
@@ -171,12 +175,13 @@ def _models(settings: dict[str, Any]) -> tuple[Any, list[Any]]:
 # -- progress ------------------------------------------------------------------------------------------
 class _Progress:
     """done/total, episodes per second and counts by stop reason on stderr: a live bar on a
-    terminal, a line every few seconds elsewhere."""
+    terminal, a line every few seconds elsewhere. The counts are of every row (on resume, the rows
+    written before too); the rate is this run's."""
 
     EVERY_S = 5.0
 
-    def __init__(self, console: Console, quiet: bool, as_json: bool) -> None:
-        self.console, self.quiet, self.as_json = console, quiet, as_json
+    def __init__(self, console: Console, quiet: bool, as_json: bool, folder: Path | None = None) -> None:
+        self.console, self.quiet, self.as_json, self.folder = console, quiet, as_json, folder
         self.total = self.before = self.done = 0
         self.stops: Counter[str] = Counter()
         self.t0 = time.perf_counter()
@@ -188,13 +193,18 @@ class _Progress:
         self.total, self.before, self.t0 = total, before, time.perf_counter()
         if self.quiet:
             return
+        if before and self.folder is not None:  # the rows that stand (the engine has repaired the file)
+            try:
+                self.stops.update(r.stop or "error" for r in ResultsFile(self.folder / RESULTS).load())
+            except (OSError, ResultsError):
+                pass
         if self.console.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
                                 TextColumn("{task.fields[stops]}"), console=self.console)
-            self.task = self.bar.add_task("batch", total=total, completed=before, rate="", stops="")
+            self.task = self.bar.add_task("batch", total=total, completed=before, rate="", stops=self._stops())
             self.bar.start()
         else:
             self.console.print(f"batch: {total} episodes, {before} already done", markup=False)
@@ -275,7 +285,7 @@ def print_summary(s: Summary, folder: Path, console: Console = stderr) -> None:
 # -- main ----------------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
     folder, resuming, settings = _settings(args)
-    limits = limits_from_flags(settings.get("limits"))
+    limits = limits_from_flags(settings.get("limits"), profile=settings.get("limits_profile"))
     params = params_from_flags(settings.get("params") or [])
     tools = load_tools(settings.get("tools"))
     models, owned = _models(settings)
@@ -283,7 +293,7 @@ def main(args: argparse.Namespace) -> int:
         check_price(models.sample(), limits, settings.get("prices"))
     except PriceError as exc:
         raise UsageError(str(exc)) from None
-    progress = _Progress(stderr, args.quiet, args.json)
+    progress = _Progress(stderr, args.quiet, args.json, folder)
     reserved = [*BUILTIN_NAMES, *(t.name for t in tools)]
     try:
         with open_from_args(_mcp_args(args, settings), reserved=reserved) as mcp:

@@ -11,7 +11,9 @@ from .._json import dumps
 from .._printable import printable
 from ..runlog._atif import to_atif
 from ..runlog._events import LogError
+from ..runlog._reader import RunLogFile, read_log
 from ._common import UsageError, not_the_input, stderr
+from .reconcile import warn_out_of_order
 
 __all__ = ["add_parser", "main"]
 
@@ -46,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     if args.endpoint is not None or args.include_content:
         raise UsageError("--endpoint and --include-content go with --format otlp")
     try:
-        doc = to_atif(args.log)
+        doc = to_atif(_read(args.log))
     except LogError as exc:
         raise UsageError(str(exc)) from None
     text = dumps(doc, indent=2) + "\n"  # a lone surrogate from the log stays escaped
@@ -57,6 +59,13 @@ def main(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _read(path: str) -> RunLogFile:
+    """The log, read strictly; a warning first when its lines are out of order."""
+    log = read_log(path)
+    warn_out_of_order(log, "export")
+    return log
 
 
 def _write(path: str, text: str) -> None:
@@ -79,7 +88,7 @@ def _otlp(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     try:
-        spans = spans_from_log(args.log, include_content=args.include_content)
+        spans = spans_from_log(_read(args.log), include_content=args.include_content)
     except LogError as exc:
         raise UsageError(str(exc)) from None
     if args.endpoint is not None:

@@ -24,10 +24,12 @@ from rich.table import Table
 from .._json import dumps
 from .._printable import markup, printable, rich_text
 from ..runlog._events import LogError
-from ..runlog._reconcile import INVARIANTS, Reconciliation, reconcile
+from ..runlog._reader import RunLogFile
+from ..runlog._reconcile import INVARIANTS, Reconciliation, out_of_order, reconcile
 from ._common import DETAIL_CHARS, UsageError, stderr
 
-__all__ = ["add_parser", "main", "print_reconciliation", "reconcile_own_log", "to_json", "UNFINISHED"]
+__all__ = ["add_parser", "main", "print_reconciliation", "reconcile_own_log", "to_json", "warn_out_of_order",
+           "UNFINISHED"]
 
 UNFINISHED = 3  # the exit code for a log with no stop line whose lines add up (resume it)
 
@@ -106,6 +108,16 @@ def reconcile_own_log(path: str | None, console: Console = stderr, quiet: bool =
     elif not quiet:
         console.print(summary_line(rec), markup=False)
     return rec.ok
+
+
+def warn_out_of_order(log: RunLogFile, command: str, console: Console = stderr) -> None:
+    """`export` and `report` show a log as its lines are; one whose lines were moved, dropped or
+    edited gets a warning first, naming the first line out of place (the output still comes)."""
+    first = next(out_of_order(log), None)
+    if first is not None:
+        console.print(f"loopfence {command}: warning: {printable(log.path, DETAIL_CHARS)}: {first}: its lines "
+                      "are out of order (moved, dropped or edited); `loopfence reconcile` checks the rest",
+                      markup=False)
 
 
 def main(args: argparse.Namespace) -> int:

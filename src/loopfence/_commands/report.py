@@ -10,7 +10,9 @@ from .._printable import printable
 from .._report import write_dir_report, write_run_report
 from .._report._dir import DirError
 from ..runlog._events import LogError
+from ..runlog._reader import read_log
 from ._common import UsageError, not_the_input
+from .reconcile import warn_out_of_order
 
 __all__ = ["add_parser", "main"]
 
@@ -40,6 +42,7 @@ def main(args: argparse.Namespace) -> int:
             out = write_dir_report(path, args.output, episode_pages=not args.no_episode_pages)
         elif path.exists():
             not_the_input(args.output, path)
+            warn_out_of_order(read_log(path, tolerant=True), "report")  # as the page reads it
             out = write_run_report(path, args.output)
         else:
             raise UsageError(f"{args.path}: no such file or folder")

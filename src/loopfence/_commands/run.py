@@ -15,6 +15,7 @@ from .._gate import APPROVE_MODES, approver
 from .._limits import Policy
 from .._loop import check_price, run
 from .._prices import PriceError, load_prices
+from .._printable import printable
 from .._stops import Verdict
 from ..mcp import McpUsageError, open_from_args
 from ..mcp import add_flags as add_mcp_flags
@@ -22,8 +23,8 @@ from ..models import Model, ScriptedModel, ScriptError
 from ..runlog import RunLog
 from ..tools import workspace_tools
 from ..tools._manifest import snapshot_path
-from ._common import (UsageError, check_new_log, default_log_path, limits_from_flags, live_printer,
-                      print_answer, print_summary)
+from ._common import (UsageError, add_profile_flag, check_new_log, default_log_path, limits_from_flags,
+                      live_printer, print_answer, print_summary, stderr)
 from ._toolspec import load_tools
 from .reconcile import reconcile_own_log
 
@@ -44,6 +45,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--workspace", metavar="DIR", default=".", help="folder the file tools work in (default: .)")
     p.add_argument("--limit", metavar="NAME=VALUE", action="append", default=[],
                    help="override a limit, e.g. max_steps=5, max_wall_seconds=none, no_progress=off")
+    add_profile_flag(p)
     p.add_argument("--param", metavar="NAME=VALUE", action="append", default=[],
                    help="a request parameter sent with every request (repeatable; VALUE is JSON when it "
                    "parses, else text), e.g. tool_choice=none, tool_choice=required, max_tokens=256")
@@ -58,7 +60,7 @@ def add_parser(sub: Any) -> None:
                    help="stop on a malformed call (fail, default) or tell the model (feedback)")
     p.add_argument("--quiet", action="store_true", help="nothing on stderr but problems: no live step "
                    "lines, no summary or token table, no reconcile line unless the log does not add up; the "
-                   "final answer still goes to stdout")
+                   "final answer still goes to stdout, alone (--report's path goes to stderr)")
     p.add_argument("--tools", metavar="MODULE:ATTR", action="append", default=[],
                    help="custom Python tools (a Tool, a function or a list of them), next to the built-ins; "
                    "repeatable; recorded in the header as custom_tools")
@@ -67,7 +69,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--last-answer", action="store_true", help="after a budget or repetition stop, one more "
                    "request with tools off for the best answer so far (RunResult.last_answer; still KILL)")
     p.add_argument("--report", action="store_true", help="also write the run's HTML page next to the log "
-                   "(loopfence report LOG) and print its path")
+                   "(loopfence report LOG) and print its path on stderr")
     p.add_argument("--otel", action="store_true", help="send OpenTelemetry GenAI spans and metrics over "
                    "OTLP/HTTP as the OTEL_EXPORTER_OTLP_* variables say (needs loopfence[otel])")
     fence = p.add_argument_group("untrusted content and context")
@@ -89,7 +91,8 @@ def add_parser(sub: Any) -> None:
                        help="let read_file and apply_patch read files with more than one hard link (by "
                        "default refused: a link made before the run can name a file outside the workspace)")
     p.add_argument("--unsandboxed", action="store_true",
-                   help="run_command WITHOUT the bubblewrap sandbox (explicit opt-out; recorded in the run log)")
+                   help="run_command WITHOUT the bubblewrap sandbox (explicit opt-out; recorded in the run log). "
+                   "Its commands run as you and cannot be kept from a secret you can reach")
     p.add_argument("--hide-env", metavar="NAME", action="append", default=[],
                    help="an environment variable --unsandboxed commands do not get (repeatable; "
                    "OPENAI_API_KEY and LOOPFENCE_API_KEY never reach them; the sandbox passes none)")
@@ -180,7 +183,7 @@ def _not_json(word: str) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    limits = limits_from_flags(args.limit)
+    limits = limits_from_flags(args.limit, profile=args.limits)
     params = params_from_flags(getattr(args, "param", None) or [])
     workspace = Path(args.workspace)
     if not workspace.is_dir():
@@ -228,7 +231,8 @@ def main(args: argparse.Namespace) -> int:
     if args.report and result.log_path:
         from .._report import write_run_report
 
-        print(f"report: {write_run_report(result.log_path)}")
+        page = write_run_report(result.log_path)  # said on stderr, as the log's path is: stdout is the answer's
+        stderr.print(f"report: {printable(str(page))}", markup=False, highlight=False, overflow="ignore", crop=False)
     return 0 if result.verdict is Verdict.SHIP and reconciled else 1
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._aio import in_thread, prefers_async
+from .._contract import CheckedCall
 from .._gate import Taint, UntrustedGate, taint_why
 from .._guards import Guard, Guards, default_guards
 from .._json import canonical_json, dumps
@@ -36,19 +37,20 @@ from .._loop import drive, new_state
 from .._messages import Reply, Request
 from .._prices import PriceBook, PriceError
 from .._state import RunState
-from .._stops import RunResult, StopError, StopReason
+from .._stops import RunResult, Stop, StopError, StopReason
 from ..models._base import Model
 from ..tools._executor import Executor, ToolResult
 from ..tools._registry import Registry, Tool, ToolKind
 from ..runlog._events import CallEvent, Event, Header, LogError, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from ..runlog._large import KEYED, compared
 from ..runlog._reader import RunLogFile
 from ..runlog._rebuild import RecordedFn, compaction_of, gate_of, messages_of, policy_of
 from ..runlog._segments import bookkeeping_start, last_answer_index
 from ..runlog._writer import Abandoned, RunLog
 
 __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
-           "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "Playback", "comparable", "decisions",
-           "outcome_unknown", "priced"]
+           "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "Playback", "RecordedEnd", "comparable",
+           "decisions", "outcome_unknown", "priced"]
 
 _VOLATILE = ("seq", "t", "duration_s")
 _MARKERS = ("resume", "retry")  # recorded, never written again by a playback
@@ -103,15 +105,23 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
         out.pop(k, None)
     if isinstance(out.get("key"), str):  # logs written before keys normalized numbers: `30.0` is `30`
         out["key"] = _canonical_key(out["key"])
+    if out.get("event") in KEYED:  # a large value is stored once (runlog/_large.py): older logs, whole
+        compared(out)
     if out.get("event") == "gate" and out.get("decision") == "tainted":
         # how the live tools knew (a file's provenance in the workspace, the --trust hint) is prose
         # replay's recorded tools cannot rebuild: what was tainted, by which call, is compared
         out.pop("reason", None)
     if out.get("event") == "last_answer" and out.get("reason") == StopReason.MAX_WALL_SECONDS:
         out.pop("detail", None)  # the clock's reading, as in the stop
+    # the prompt's tokens a budget judged, unsent: replay's input (the detail and value name it), and
+    # older logs do not record it
+    if out.get("event") == "last_answer":
+        out.pop("prompt_estimate", None)
     if out.get("event") == "stop":
         if isinstance(out.get("ledger"), dict):
             out["ledger"].pop("elapsed_s", None)
+        if isinstance(out.get("data"), dict):
+            out["data"].pop("prompt_estimate", None)
         if out.get("reason") == StopReason.MAX_WALL_SECONDS:  # the clock's reading is not replayable
             out.pop("detail", None)
             if isinstance(out.get("data"), dict):
@@ -323,6 +333,11 @@ class PlaybackLog(RunLog):
             self.live.close()
 
 
+def _whole(value: Any) -> int | None:
+    """A recorded token figure: a positive int, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _what(event: str, expected: Event | None) -> str:
     if expected is None:
         return f"the run wrote a {event} event after the end of the recording"
@@ -381,10 +396,17 @@ class PlaybackModel:
         return self._estimate()
 
     def _estimate(self) -> int | None:
+        """The figure the recorded run's budgets judged this prompt by: its request's estimate, or
+        where it was never sent, the one its stop (or skipped last answer) records (older logs
+        record none: None, and the ring estimates)."""
         rec = self.log.rec
         nxt = None if self.log.detached else rec.peek()
+        if nxt is not None and nxt.kind == "last_answer" and nxt.raw.get("decision") == "skipped":
+            return _whole(nxt.raw.get("prompt_estimate"))
         if nxt is not None and nxt.kind == "last_answer" and rec.pos + 1 < len(rec.events):
             nxt = rec.events[rec.pos + 1]  # the last answer's request follows its `asked` event
+        if isinstance(nxt, StopEvent):  # a budget refused the prompt before it was sent
+            return _whole(nxt.data.get("prompt_estimate"))
         return nxt.prompt_estimate if isinstance(nxt, RequestEvent) else None
 
     def describe(self) -> dict[str, Any]:
@@ -487,12 +509,42 @@ class Playback:
         plog.on_taint = lambda raw: _explain(gate, raw)
         if logged_taint:
             plog.inputs = lambda e: _taint(gate, e)
-        return cls(state, plog, PlaybackModel(plog), default_guards(state.limits, guards, gate),
+        return cls(state, plog, PlaybackModel(plog),
+                   Guards([RecordedEnd(plog), default_guards(state.limits, guards, gate)]),
                    PlaybackExecutor(plog, live, rerun=live is not None))
 
     def drive(self) -> RunResult:
         """The ring to its stop; raises Diverged (unless what-if) or RecordingEnded."""
         return drive(self.state, self.model, self.log, self.guards, self.executor)
+
+
+class RecordedEnd(Guard):
+    """The recorded run ended by a fenced framework's own limit (`framework_limit`): asked first at
+    every point the ring asks its guards, it ends the run again with the recorded stop where the
+    recording holds nothing more but that stop (and its not-run calls), before the ring asks for a
+    request, runs a call or checks a turn the framework never came to."""
+
+    def __init__(self, log: PlaybackLog) -> None:
+        self.log = log
+
+    def _here(self) -> Stop | None:
+        log = self.log
+        stop = log.rec.stop_ahead() if log.live is None and log.detached is None else None
+        if stop is None or stop.reason != StopReason.FRAMEWORK_LIMIT:
+            return None
+        return log.recorded_stop(stop).stop
+
+    def before_request(self, s: RunState) -> Stop | None:
+        return self._here()
+
+    def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Stop | None:
+        return self._here()
+
+    def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
+        return self._here()
+
+    def after_turn(self, s: RunState, results: list[ToolResult]) -> Stop | None:
+        return self._here()
 
 
 def priced(state: RunState, h: Header, path: str) -> None:

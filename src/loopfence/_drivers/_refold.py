@@ -48,11 +48,12 @@ from ._playback import Divergence, Playback, PlaybackLog, RecordingEnded, decisi
 __all__ = ["Refold", "refold", "FROM_OUTSIDE", "ANYTIME"]
 
 # What an operation the ring awaits (a model request, a tool, the user's Ctrl-C) may end a run with:
-# the ring takes these from the log where the recorded model call or tool ended the run.
+# the ring takes these from the log where the recorded model call or tool ended the run. A fenced
+# framework's own limit is one (playback's RecordedEnd ends the ring where the log does).
 FROM_OUTSIDE: frozenset[StopReason] = frozenset({
     StopReason.ENDPOINT_ERROR, StopReason.INCOMPLETE_STREAM, StopReason.CONTEXT_OVERFLOW,
     StopReason.INVALID_JSON, StopReason.UNKNOWN_TOOL, StopReason.SCHEMA_MISMATCH,
-    StopReason.CANCELLED, StopReason.INTERNAL_ERROR})
+    StopReason.CANCELLED, StopReason.FRAMEWORK_LIMIT, StopReason.INTERNAL_ERROR})
 # What may end a run between any two events, where the ring itself would go on (a task cancelled
 # while the model counts a prompt or a guard awaits an approval, a bug in a guard).
 ANYTIME: frozenset[StopReason] = frozenset({StopReason.CANCELLED, StopReason.INTERNAL_ERROR})
@@ -152,6 +153,9 @@ def _goes_on(stop: StopEvent, limits: Limits, what: str) -> Refold:
 
 def _taken(stop: StopEvent, ring: Stop, limits: Limits) -> Refold:
     """The recorded model call or tool ended the run (playback raised the log's own stop)."""
+    if stop.reason == StopReason.FRAMEWORK_LIMIT:
+        return Refold(True, f"line {stop.line}: the framework's own limit ended the run ({stop.detail}), "
+                      "outside the ring; the guards agree with the log up to there", ring, False)
     if stop.reason in FROM_OUTSIDE or _late(stop, limits):
         return Refold(True, f"line {stop.line}: the recorded model call or tool ended the run with "
                       f"{stop.reason}, which comes from outside the ring; the guards agree with the log "

@@ -4,7 +4,9 @@ At the top: the stop, its verdict and detail; then the task, model and limits; e
 against its limit; the per-turn prompt/completion token chart; the timeline of steps (each a
 collapsed <details>: the request's prompt estimate and reported tokens, retries, the reply, every
 call with its decision and collapsed arguments and result); gate and compaction decisions; retries.
-A log cut off before its stop (a killed process) reads tolerantly and says so.
+A log cut off before its stop (a killed process) reads tolerantly and says so. A log `resume`
+continued past a stop (runlog/_segments.py) shows every segment's stop, and its budgets are judged
+against the limits the run went on with.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..runlog._large import call_text
 from ..runlog._reader import read_log
 from ..runlog._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
                               ResumeLine, RetryLine, StopLine, parse_line)
@@ -56,18 +59,25 @@ class RunView:
     resumes: list[tuple[int, ResumeLine]]  # (steps before it, the resume)
     torn_bytes: int
     last_t: float
+    reopened: dict[int, StopLine] = field(default_factory=dict)  # line -> an earlier segment's stop
+
+
+def _stop_lines(events: Any) -> dict[int, StopLine]:
+    return {e.line: line for e in events if isinstance(line := parse_line(e.raw), StopLine)}
 
 
 def read_run(path: str | os.PathLike[str]) -> RunView:
     """A log read tolerantly (a killed run's torn last line is set aside) into steps."""
     log = read_log(path, tolerant=True)
     events: list[LogEvent] = [parse_line(e.raw) for e in log.all_events]
-    header = events[0]
+    header = parse_line(log.header.raw)  # the header as the run went on (a resume's overrides applied)
     assert isinstance(header, HeaderLine)
     steps: list[Step] = []
     by_id: dict[str, Call] = {}
     pending_gates: dict[str, list[GateLine]] = {}
-    view = RunView(str(path), header, steps, None, [], [], [], log.torn_bytes, events[-1].t)
+    view = RunView(str(path), header, steps, None, [], [], [], log.torn_bytes, events[-1].t,
+                   _stop_lines(log.reopened))
+    texts = call_text(e.raw for e in log.all_events)  # large arguments, stored once in their reply
     for e in events[1:]:
         if isinstance(e, RequestLine):
             steps.append(Step(e))
@@ -80,6 +90,8 @@ def read_run(path: str | os.PathLike[str]) -> RunView:
             if steps:
                 steps[-1].reply = e
         elif isinstance(e, CallLine):
+            if (text := texts.get(e.seq)) is not None:
+                e = e.model_copy(update={"raw_arguments": text})
             call = Call(e, gates=pending_gates.pop(e.tool_call_id, []))
             by_id[e.tool_call_id] = call
             if steps:
@@ -134,7 +146,16 @@ def _stop_block(v: RunView) -> str:
             f'{esc(clip(json.dumps(st.data, indent=2, ensure_ascii=False)))}</pre></details>') if st.data else ""
     return (f'<section class="stop {esc(st.verdict)}" id="stop"><span class="verdict">{esc(st.verdict)}</span>'
             f'<span class="reason" id="stop-reason">{esc(st.reason)}</span>'
-            f'<div class="detail">{esc(st.detail)}</div>{more}{data}</section>')
+            f'<div class="detail">{esc(st.detail)}</div>{more}{data}{_earlier_stops(v)}</section>')
+
+
+def _earlier_stops(v: RunView) -> str:
+    """The stops of the segments before the last (each one `resume` went on past)."""
+    if not v.reopened:
+        return ""
+    items = "".join(f'<li><span class="reason">{esc(st.reason)}</span> ({esc(st.verdict)}, line {line}): '
+                    f'{esc(st.detail)}; resumed past it</li>' for line, st in sorted(v.reopened.items()))
+    return f'<div class="detail segments">earlier segments ended:<ul>{items}</ul></div>'
 
 
 def _overview(v: RunView) -> str:
@@ -287,8 +308,14 @@ def _timeline(v: RunView) -> str:
     for i, s in enumerate([*v.steps, None]):
         while resumes and resumes[0][0] == i:
             r = resumes.pop(0)[1]
+            line = (r.reopened or {}).get("line")
+            st = v.reopened.get(line) if isinstance(line, int) else None
+            if st is not None:
+                items.append(f'<div class="err stop-line">stop <b>{esc(st.reason)}</b> ({esc(st.verdict)}, line '
+                             f'{line}) at {st.t:.3f}s: {esc(st.detail)}</div>')
+            went = f"; went on with {esc(json.dumps(r.overrides, ensure_ascii=False))}" if r.overrides else ""
             items.append(f'<div class="warn resume">resumed after line {r.after_line} at {r.elapsed_s:.3f}s'
-                         f'{" (a torn last line set aside)" if r.torn_bytes else ""}</div>')
+                         f'{" (a torn last line set aside)" if r.torn_bytes else ""}{went}</div>')
         if s is not None:
             items.append(_step(s))
     return ('<section id="timeline"><h2>Timeline</h2><div class="toolbar"><button data-open="1">expand all'

@@ -7,6 +7,7 @@ from typing import Any
 
 from .._json import canonical_json, loads, loads_object
 from .._messages import Reply, ReplyFormatError
+from ..runlog._large import call_text
 
 __all__ = ["CallRecord", "calls_from_events"]
 
@@ -34,7 +35,8 @@ class CallRecord:
         return out
 
 
-def _arguments(e: dict[str, Any]) -> Any:
+def _arguments(e: dict[str, Any], text: str | None = None) -> Any:
+    """`text`: the raw arguments a call event left in its reply (runlog/_large.py)."""
     if isinstance(e.get("arguments"), dict):
         return e["arguments"]
     key, name = e.get("key"), e.get("name", "")
@@ -43,7 +45,7 @@ def _arguments(e: dict[str, Any]) -> Any:
             return loads(key[len(name) + 1:])
         except ValueError:
             pass
-    raw = e.get("raw_arguments") or ""
+    raw = e.get("raw_arguments") or text or ""
     if not raw.strip():
         return {}
     try:
@@ -73,6 +75,7 @@ def calls_from_events(events: list[dict[str, Any]]) -> list[CallRecord]:
     rows: list[tuple[tuple[int, int, int], dict[str, Any], dict[str, Any] | None]] = []
     open_calls: dict[tuple[int, str], int] = {}
     positions = _positions(events)
+    texts = call_text(events)
     for e in events:
         kind = e.get("event")
         if kind == "call":
@@ -85,7 +88,7 @@ def calls_from_events(events: list[dict[str, Any]]) -> list[CallRecord]:
             if i is not None:
                 rows[i] = (rows[i][0], rows[i][1], e)
     rows.sort(key=lambda r: r[0])
-    return [CallRecord(c.get("name", ""), _arguments(c), str((r or c).get("decision")),
+    return [CallRecord(c.get("name", ""), _arguments(c, texts.get(c.get("seq"))), str((r or c).get("decision")),
                        None if r is None else bool(r.get("ok")), None if r is None else r.get("error"),
                        int(c.get("step", 0)))
             for _, c, r in rows]

@@ -25,7 +25,9 @@ run's log folds through the ring: `loopfence reconcile` checks it like any other
 A stop ends the framework's run by raising `FenceStop` (an adapter may raise a subclass that is also
 its framework's own run error), carrying the `Stop`: its reason, detail, limit and value. Whatever the
 framework itself raises (a model error, a tool's exception) is re-raised unchanged, after the run's
-stop is written.
+stop is written. The framework's own limit (pydantic-ai's request_limit, the Agents SDK's max_turns)
+is a named end, not a bug: the adapter's `limit_of` recognizes its error, and the stop is
+`framework_limit`, naming the limit and its value (`framework_limit(...)`); replay ends where it did.
 """
 
 from __future__ import annotations
@@ -63,11 +65,26 @@ from ..tools._registry import Tool, ToolKind
 from ..tools._registry import tool as make_tool
 from ._offload import Offload, drive
 
-__all__ = ["Fence", "FencedRun", "FenceStop", "Fenced", "versions"]
+__all__ = ["Fence", "FencedRun", "FenceStop", "Fenced", "LimitOf", "framework_limit", "versions"]
 
 T = TypeVar("T")
 ORDER_GRACE_S = 2.0  # call_sync: how long a call waits for an earlier call of its reply to be passed in
 LogArg = str | Path | RunLog | Callable[[], "str | Path | RunLog"] | None
+LimitOf = Callable[[BaseException], "Stop | None"]  # the framework's own limit an error reports, as its stop
+
+
+def framework_limit(framework: str, said: BaseException | str, name: str | None, limit: Any = None) -> Stop:
+    """The stop for a framework's own limit that ended its run (`said`: the error it raised, or the
+    message it ended the run with): `framework_limit`, its detail naming the limit and its value
+    (`request_limit=3`), its data {"framework", "name", "limit", "error"} (`name`, `limit` None: what
+    the framework does not name)."""
+    what = f"its {name}={limit}" if name is not None and limit is not None else \
+        f"its {name}" if name is not None else "a limit of its own"
+    raised = isinstance(said, BaseException)
+    data = {"framework": framework, **{k: v for k, v in (("name", name), ("limit", limit)) if v is not None},
+            **({"error": type(said).__name__} if raised else {})}
+    return Stop(StopReason.FRAMEWORK_LIMIT, f"{framework} ended the run at {what}: "
+                f"{f'{type(said).__name__}: ' if raised else ''}{said}", data)
 
 
 class FenceStop(Exception):
@@ -175,9 +192,12 @@ class Fence:
 
     def start(self, task: str, tools: Iterable[Tool], *, framework: str, version: str | None = None,
               model: str | None = None, system: str | None = None,
-              stop_error: type[FenceStop] = FenceStop) -> FencedRun:
+              stop_error: type[FenceStop] = FenceStop, limit_of: LimitOf | None = None) -> FencedRun:
         """A run begins: the header is written (the framework and its version recorded). PriceError
-        for a cost budget whose model has no price, before anything is written."""
+        for a cost budget whose model has no price, before anything is written. `limit_of`: the
+        framework's own limit an error it raises reports (its `framework_limit` stop), or None."""
+        tools = list(tools)
+        _known_kinds(self.kinds, tools)  # before the log is made or anything is sent
         log = self.log() if callable(self.log) else self.log
         gate = UntrustedGate(self.approve, self.privileged)
         extra = list(self.guards()) if self.guards is not None else None
@@ -187,7 +207,17 @@ class Fence:
                                          self.on_event, self.prices)
         waits = self.approve is not None or any(type(g).before_execution is not Guard.before_execution
                                                 for g in extra or ())  # a decision that may await
-        return FencedRun(self, state, runlog, guards, stop_error, waits=waits)
+        return FencedRun(self, state, runlog, guards, stop_error, waits=waits, limit_of=limit_of)
+
+
+def _known_kinds(kinds: Mapping[str, ToolKind], tools: list[Tool]) -> None:
+    """ValueError for a name in `kinds=` that no tool of the run has (a misspelt name would leave its
+    tool `default_kind` without a word); the run's tools are known at its first request."""
+    names = sorted(t.name for t in tools)
+    unknown = [repr(k) for k in kinds if k not in names]
+    if unknown:
+        raise ValueError(f"kinds= names {', '.join(unknown)}, which no tool of this run has (its tools: "
+                         f"{', '.join(names) or 'none'})")
 
 
 @dataclass(frozen=True)
@@ -238,8 +268,10 @@ class FencedRun:
     """One framework run under the fence. Its methods are the ring's phases; see the module doc."""
 
     def __init__(self, fence: Fence, state: RunState, log: RunLog, guards: Guards,
-                 stop_error: type[FenceStop] = FenceStop, *, waits: bool = True) -> None:
+                 stop_error: type[FenceStop] = FenceStop, *, waits: bool = True,
+                 limit_of: LimitOf | None = None) -> None:
         self.fence = fence
+        self.limit_of = limit_of
         self.waits = waits  # a guard's decision may await (an approval hook): call_sync runs on an event loop
         self.state = state
         self.log = log
@@ -306,8 +338,9 @@ class FencedRun:
         """One model request the framework makes: `before_request`, then `send(request, note)` (the
         framework's own request; `request.max_tokens` is the bound to send, `note` a nudge to add as a
         user message, or None) under the run's wall clock, then `reply(to_reply(response))`. The
-        framework's response; raises the stop. What `send` raises ends the run `endpoint_error` (the
-        stop is written) and is raised on unchanged."""
+        framework's response; raises the stop. What `send` raises ends the run `endpoint_error` (or
+        `framework_limit`, the framework's own limit checked in the request) and is raised on
+        unchanged, after the stop is written."""
         return await self._request(send, to_reply, self.state.deadline())
 
     async def _request(self, send: Callable[[Request, str | None], Awaitable[T]], to_reply: Callable[[T], Reply],
@@ -330,7 +363,8 @@ class FencedRun:
         except FenceStop:
             raise
         except BaseException as exc:
-            self.finish(Stop(StopReason.ENDPOINT_ERROR, f"the model request raised {type(exc).__name__}: {exc}"))
+            self.finish(self._limit(exc) or Stop(StopReason.ENDPOINT_ERROR,
+                                                 f"the model request raised {type(exc).__name__}: {exc}"))
             raise
         self.reply(to_reply(response))
         return response
@@ -487,20 +521,26 @@ class FencedRun:
                cancelled: bool = False) -> RunResult:
         """The stop line and the ledger (once: later calls return the same result). `stop` None: the
         framework ended its run, with the answer the last reply gave; `error`: the framework's run
-        raised it; `cancelled`: its task was cancelled."""
+        raised it (its own limit: `framework_limit`; else `internal_error`); `cancelled`: its task
+        was cancelled."""
         if self.result is not None:
             return self.result
         if cancelled:
             stop = Stop(StopReason.CANCELLED, "cancelled: the task running the framework's agent was cancelled")
         elif error is not None and self.answer is None:
-            stop = Stop(StopReason.INTERNAL_ERROR, f"the framework's run raised {type(error).__name__}: {error}",
-                        {"traceback": "".join(traceback.format_exception(error))})
+            stop = self._limit(error) or Stop(StopReason.INTERNAL_ERROR, f"the framework's run raised "
+                                              f"{type(error).__name__}: {error}",
+                                              {"traceback": "".join(traceback.format_exception(error))})
         elif stop is None:
             stop = self.answer or Stop(StopReason.EMPTY_ANSWER, "the framework ended its run with no answer")
         self.result = finish(self.state, self.log, stop, self.final)
         self.fence.results.append(self.result)
         self._close_loop()
         return self.result
+
+    def _limit(self, error: BaseException) -> Stop | None:
+        """The framework's own limit `error` reports, as its stop; None for any other error."""
+        return self.limit_of(error) if self.limit_of is not None else None
 
     def _stop(self, stop: Stop) -> FenceStop:
         return self.stop_error(stop, self.finish(stop))

@@ -26,7 +26,7 @@ own `FencedRun`, begun at its first model request and ended when the SDK ends th
 hook the runner calls in the `finally` of every run). A stop raises `AgentsFenceStop` (a `FenceStop`
 and the SDK's `AgentsException`) out of `Runner.run`; whatever else ends the run (a model error, the
 SDK's `MaxTurnsExceeded`, a tool's exception the SDK raises on) is raised unchanged, with the run's
-stop written.
+stop written: the SDK's own `max_turns` ends it `framework_limit`, naming `max_turns` and its value.
 
 Not fenced: tools that are not `FunctionTool`s of the agent itself (MCP servers' tools, tools a
 hook adds later) and handoffs: a call to one is an unknown tool to the fence, which stops the run there
@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from agents import Agent, AgentsException, FunctionTool, MultiProvider, UserError
+from agents import Agent, AgentsException, FunctionTool, MaxTurnsExceeded, MultiProvider, UserError
 from agents.items import ModelResponse, TResponseInputItem
 from agents.model_settings import ModelSettings
 from agents.models.interface import Model
@@ -54,7 +55,8 @@ from agents.usage import Usage
 from .._messages import Reply, Request
 from ..runlog._events import ReplyEvent
 from ..runlog._reader import read_log
-from ._fence import Fence, Fenced, FencedRun, FenceStop, versions
+from .._stops import Stop
+from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
 
 try:  # which run is asking: the runner's per-run owner of its models (None where it is not given)
     from agents.models._run_context import get_model_run_owner
@@ -65,6 +67,7 @@ except ImportError:  # pragma: no cover - another SDK version
 __all__ = ["AgentsFence", "AgentsFenceStop", "recorded_model", "to_reply", "FRAMEWORK"]
 
 FRAMEWORK = "openai-agents"
+_TURNS = re.compile(r"\((\d+)\)")  # MaxTurnsExceeded's message: "Max turns (3) exceeded"
 
 
 class AgentsFenceStop(FenceStop, AgentsException):
@@ -157,7 +160,7 @@ class _Slot:
                   for t in tools if isinstance(t, FunctionTool) and t.name in self.functions]
         self.owner = owner
         self.run = self.fence.start(_task(input), fenced, framework=FRAMEWORK, version=versions("openai-agents"),
-                                    model=model, system=system, stop_error=AgentsFenceStop)
+                                    model=model, system=system, stop_error=AgentsFenceStop, limit_of=_max_turns)
         return self.run
 
     def running(self, tool: str) -> FencedRun:
@@ -175,6 +178,15 @@ class _Slot:
             run.finish(cancelled=True)
         else:
             run.finish(error=error if isinstance(error, Exception) and not isinstance(error, FenceStop) else None)
+
+
+def _max_turns(error: BaseException) -> Stop | None:
+    """The SDK's MaxTurnsExceeded as the run's `framework_limit` stop (max_turns and the value its
+    message names); None for any other error."""
+    if not isinstance(error, MaxTurnsExceeded):
+        return None
+    found = _TURNS.search(error.message)
+    return framework_limit(FRAMEWORK, error, "max_turns", int(found.group(1)) if found is not None else None)
 
 
 def _defaults_optional(schema: dict[str, Any]) -> dict[str, Any]:

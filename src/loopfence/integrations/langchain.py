@@ -24,14 +24,17 @@ max_wall_seconds and tool_timeout_s can cut them); under `ainvoke` they are awai
 A stop raises `LangChainFenceStop`: a `FenceStop` and LangGraph's `GraphRecursionError`, the error an
 unfenced runaway ends with, so `except GraphRecursionError` handlers keep working and `.stop` is the
 named reason. Whatever else ends the run (a model error, a tool's exception) is raised unchanged, with
-the stop written. A nudge (Policy(nudge=True)) is a user message in every later request, after the turn
-it followed; the agent's state does not keep it (the log does).
+the stop written. LangChain's own call limits (`ModelCallLimitMiddleware`, `ToolCallLimitMiddleware`,
+`exit_behavior="end"`) end the run with a message of their own: the stop is `framework_limit`, naming
+the middleware's limit and its value. A nudge (Policy(nudge=True)) is a user message in every later
+request, after the turn it followed; the agent's state does not keep it (the log does).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import re
 import threading
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -51,16 +54,22 @@ from pydantic import BaseModel
 
 from .._json import dumps
 from .._messages import Reply, Request
+from .._stops import Stop
 from ..tools._registry import Tool
 from ..runlog._events import ReplyEvent
 from ..runlog._reader import read_log
-from ._fence import Fence, Fenced, FencedRun, FenceStop, versions
+from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
 
 __all__ = ["FenceMiddleware", "LangChainFenceStop", "LangChainToolError", "to_reply", "scripted_model",
            "recorded_model", "FRAMEWORK"]
 
 FRAMEWORK = "langchain"
 _KEY = "loopfence_run"  # the graph state's name for this invocation's fenced run
+# the message LangChain's call-limit middleware ends a run with (exit_behavior="end"): which one, the
+# limit (thread or run) and its value: "Model call limits exceeded: run limit (3/3)", "Tool call limit
+# reached: run limit exceeded (4/3 calls)."
+_ENDED_AT = re.compile(r"^(?:(Model) call limits exceeded|(?:'[^']*' tool|Tool) call limit reached): "
+                       r"(thread|run) limit(?: exceeded)? \(\d+/(\d+)")
 
 
 class LangChainFenceStop(FenceStop, GraphRecursionError):
@@ -225,7 +234,7 @@ class FenceMiddleware(Fenced, AgentMiddleware[FenceState, Any, Any]):
         fenced = run.fenced
         if fenced.result is not None:  # it stopped before the end: a stop something caught on the way
             raise fenced.stop_error(fenced.result.stop, fenced.result)
-        fenced.finish()  # the answer (or, with none, empty_answer)
+        fenced.finish(_call_limit(fenced, state))  # the answer (or, with none, empty_answer)
 
     async def aafter_agent(self, state: FenceState, runtime: Any) -> None:
         self.after_agent(state, runtime)
@@ -337,6 +346,18 @@ class _Held:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def _call_limit(fenced: FencedRun, state: FenceState) -> Stop | None:
+    """A call-limit middleware ended the run (its own AIMessage last, where the model gave no
+    answer): its `framework_limit` stop; else None (the run ends with the answer, or empty_answer)."""
+    messages = state.get("messages") or []
+    last = messages[-1] if messages else None
+    found = _ENDED_AT.match(last.text) if fenced.answer is None and isinstance(last, AIMessage) else None
+    if found is None:
+        return None
+    middleware = "ModelCallLimitMiddleware" if found.group(1) else "ToolCallLimitMiddleware"
+    return framework_limit(FRAMEWORK, str(last.text), f"{middleware}.{found.group(2)}_limit", int(found.group(3)))
+
+
 def _answer_of(response: Any) -> AIMessage:
     """The model's AIMessage in what the handler gave back (ModelResponse, AIMessage, or extended)."""
     if isinstance(response, ExtendedModelResponse):

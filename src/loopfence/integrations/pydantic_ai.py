@@ -19,7 +19,9 @@ runs pydantic-ai's own tool function; `wrap_run` runs the agent in pydantic-ai's
 execution mode, so calls run one at a time in the order the model asked for them (as the ring runs them). The run's tools are the
 function tools of its first request. A stop raises `PydanticAIFenceStop` (a `FenceStop` and a
 pydantic-ai `AgentRunError`) out of `agent.run()`; whatever else ends the run (a model error, a tool's
-exception) is raised unchanged, with the run's stop written.
+exception) is raised unchanged, with the run's stop written. pydantic-ai's own `UsageLimits`
+(`request_limit`, `tool_calls_limit`, the token limits) end it `framework_limit`, naming the limit and
+its value; its `UsageLimitExceeded` is raised unchanged.
 
 An output tool call (structured output) is the reply's answer, its arguments the answer text. A run
 whose answer pydantic-ai rejects (output validation) stops at that answer, as the ring would.
@@ -29,29 +31,32 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.exceptions import AgentRunError
+from pydantic_ai.exceptions import AgentRunError, UsageLimitExceeded
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.usage import RequestUsage
+from pydantic_ai.usage import RequestUsage, UsageLimits
 
 from .._json import dumps
 from .._messages import Reply, Request
 from ..runlog._events import ReplyEvent
 from ..runlog._reader import read_log
-from ._fence import Fence, Fenced, FencedRun, FenceStop, versions
+from .._stops import Stop
+from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
 
 __all__ = ["FenceCapability", "PydanticAIFenceStop", "recorded_model", "to_reply", "FRAMEWORK"]
 
 FRAMEWORK = "pydantic-ai"
+_LIMIT = re.compile(r"\b(\w+_limit)\b")  # the UsageLimits field UsageLimitExceeded's message names
 _FINISH = {"tool_call": "tool_calls"}  # pydantic-ai's finish reasons, as chat.completions names them
 
 
@@ -172,9 +177,21 @@ class FenceCapability(Fenced, AbstractCapability[Any]):
         self._outputs = frozenset(t.name for t in params.output_tools)
         tools = [self.fence.tool(t.name, t.parameters_json_schema, t.description or "", _function(ctx, t.name))
                  for t in params.function_tools]
+        limits = ctx.usage_limits
         self.run = self.fence.start(_task(ctx.prompt), tools, framework=FRAMEWORK, version=versions("pydantic-ai-slim"),
-                                    model=getattr(rc.model, "model_name", None), stop_error=PydanticAIFenceStop)
+                                    model=getattr(rc.model, "model_name", None), stop_error=PydanticAIFenceStop,
+                                    limit_of=lambda error: _usage_limit(error, limits))
         return self.run
+
+
+def _usage_limit(error: BaseException, limits: UsageLimits | None) -> Stop | None:
+    """pydantic-ai's UsageLimitExceeded as the run's `framework_limit` stop: the limit its message
+    names (`request_limit`), with the run's value for it; None for any other error."""
+    if not isinstance(error, UsageLimitExceeded):
+        return None
+    found = _LIMIT.search(str(error))
+    name = found.group(1) if found is not None else None
+    return framework_limit(FRAMEWORK, error, name, getattr(limits, name, None) if name is not None else None)
 
 
 def _function(ctx: RunContext[Any], name: str) -> Any:

@@ -6,11 +6,15 @@ anything was used: connection errors, timeouts before a response, a retryable st
 non-streamed body cut short). A stream that breaks after it began is an incomplete Reply, never a
 Retry. Cancelling the awaiting task closes the request's connection (httpx drops a connection
 whose response was not read to the end).
+
+Size: a body (a reply, a stream, an error) is counted as it is read, after any Content-Encoding; past
+`Wire.max_bytes` the attempt stops with endpoint_error naming the size and the cap (a
+Content-Length over it stops before anything is read). Never retried: the endpoint would send it again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +52,7 @@ class Wire:
     timeout: httpx.Timeout
     read_s: float | None  # the configured read timeout, for the message
     redact: Callable[[str], str]
+    max_bytes: int | None = None  # a response body's size at most (None: unbounded)
 
 
 async def attempt(pool: Pool, wire: Wire, body: dict[str, Any], tools: tuple[str, ...]) -> Reply:
@@ -67,9 +72,10 @@ async def attempt(pool: Pool, wire: Wire, body: dict[str, Any], tools: tuple[str
 async def _read(resp: httpx.Response, wire: Wire, tools: tuple[str, ...]) -> Reply:
     status = resp.status_code
     ctype = resp.headers.get("content-type", "").lower()
+    _check_length(resp, wire)
     if not 200 <= status < 300:
         try:
-            raw = await resp.aread()
+            raw = await _body(resp, wire)
         except httpx.HTTPError:
             raw = b""
         stop = error_stop(status, _json_or_text(raw), tools=tools, redact=wire.redact)
@@ -79,7 +85,7 @@ async def _read(resp: httpx.Response, wire: Wire, tools: tuple[str, ...]) -> Rep
     if "text/event-stream" in ctype:
         return await _read_stream(resp, wire, tools)
     try:
-        raw = await resp.aread()  # a body cut short raises a transport error: retried (nothing was used)
+        raw = await _body(resp, wire)  # a body cut short raises a transport error: retried (nothing was used)
     except httpx.DecodingError as exc:  # e.g. "Content-Encoding: gzip" on a body that is not
         raise StopError(StopReason.ENDPOINT_ERROR, f"HTTP {status}: the body could not be decoded "
                         f"(Content-Encoding: {resp.headers.get('content-encoding', 'none')}): {exc}",
@@ -104,7 +110,7 @@ async def _read_stream(resp: httpx.Response, wire: Wire, tools: tuple[str, ...])
     events: list[SSEEvent] = []
     failure: tuple[str, str] | None = None  # the problem's words before and after the chunk count
     try:
-        async with aclosing(aiter_events(resp.aiter_bytes())) as stream:
+        async with aclosing(aiter_events(_counted(resp, wire))) as stream:
             async for ev in stream:
                 events.append(ev)
                 if ev.data == DONE:
@@ -125,6 +131,37 @@ async def _read_stream(resp: httpx.Response, wire: Wire, tools: tuple[str, ...])
         exc.stop.data.setdefault("status", resp.status_code)
         exc.stop.data["in_stream"] = True
         raise
+
+
+def _too_large(resp: httpx.Response, wire: Wire, size: int, how: str) -> StopError:
+    return StopError(StopReason.ENDPOINT_ERROR, f"HTTP {resp.status_code}: the response from {wire.where} {how} "
+                     f"{size:,} bytes, over max_response_bytes={wire.max_bytes:,}", status=resp.status_code,
+                     limit=wire.max_bytes, value=size)
+
+
+def _check_length(resp: httpx.Response, wire: Wire) -> None:
+    """A declared Content-Length over the cap stops before the body is read (plain bodies only: an
+    encoded one is counted as it is decoded)."""
+    declared = resp.headers.get("content-length", "")
+    if wire.max_bytes is not None and declared.isdigit() and int(declared) > wire.max_bytes and \
+            resp.headers.get("content-encoding", "identity").lower() == "identity":
+        raise _too_large(resp, wire, int(declared), "declares (Content-Length)")
+
+
+async def _counted(resp: httpx.Response, wire: Wire) -> AsyncIterator[bytes]:
+    """The body's bytes as they arrive (decoded), counted: past the cap a named stop, and the rest is
+    never read (the connection is dropped)."""
+    seen, cap = 0, wire.max_bytes
+    async for chunk in resp.aiter_bytes():
+        seen += len(chunk)
+        if cap is not None and seen > cap:
+            raise _too_large(resp, wire, seen, "is at least")
+        yield chunk
+
+
+async def _body(resp: httpx.Response, wire: Wire) -> bytes:
+    """The whole body, read within the cap (`_counted`)."""
+    return b"".join([chunk async for chunk in _counted(resp, wire)])
 
 
 def _phase(exc: httpx.TimeoutException) -> str:

@@ -23,6 +23,9 @@ once (endpoint_error) rather than retrying early. A wait that would pass the dea
 max_wall_seconds instead of sleeping. Never mid-stream: once a streaming 200 has begun, a broken
 stream is an incomplete reply (the ring stops incomplete_stream), not a retry.
 
+Size: a response body is read within `max_response_bytes` (default 32 MiB; None: unbounded), counted
+as it arrives; a larger one stops the run (endpoint_error, with the size and the cap), never retried.
+
 Errors map to named stops in `_errors` (context_overflow, tool_use_failed -> the contract
 violation, endpoint_error). The API key is sent as `Authorization: Bearer`; it never appears in
 `describe()`, in a stop's detail or data, or in the log.
@@ -54,10 +57,11 @@ from ._retry import Timeouts, backoff_delay
 from ._sync import SyncLoop
 from ._tokencount import ServerTokenCounter
 
-__all__ = ["OpenAIModel", "Timeouts", "RUN_ID_HEADER"]
+__all__ = ["OpenAIModel", "Timeouts", "RUN_ID_HEADER", "MAX_RESPONSE_BYTES"]
 
 RUN_ID_HEADER = "X-Loopfence-Run-Id"  # each request's run (the log header's run_id), where it has one
 
+MAX_RESPONSE_BYTES = 32 << 20  # one response body, as read (OpenAIModel's default max_response_bytes)
 _OURS = ("model", "messages", "tools", "stream", "stream_options")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
@@ -74,7 +78,8 @@ class OpenAIModel:
                  request_timeout: float | None = None, tool_choice: Any = "auto",
                  extra_params: dict[str, Any] | None = None, include_usage: bool = True,
                  transport: httpx.AsyncBaseTransport | None = None, seed: int | None = None,
-                 limits: httpx.Limits | None = None) -> None:
+                 limits: httpx.Limits | None = None,
+                 max_response_bytes: int | None = MAX_RESPONSE_BYTES) -> None:
         parts = urlsplit(base_url.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base URL must be http(s)://host[:port][/path], got {_safe_url(base_url)!r}")
@@ -90,6 +95,9 @@ class OpenAIModel:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         self.max_retries = max_retries
+        if max_response_bytes is not None and (type(max_response_bytes) is not int or max_response_bytes < 1):
+            raise ValueError(f"max_response_bytes must be a positive integer or None, got {max_response_bytes!r}")
+        self.max_response_bytes = max_response_bytes
         self.retry_after_cap = retry_after_cap
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -131,7 +139,8 @@ class OpenAIModel:
                 "stream": self.stream, "api_key": "set" if self._key else "not set",
                 "timeouts": self.timeout.to_json(), "request_timeout": self.request_timeout,
                 "max_retries": self.max_retries, "retry_after_cap": self.retry_after_cap,
-                "tool_choice": self.tool_choice, "extra_params": self.extra_params}
+                "tool_choice": self.tool_choice, "extra_params": self.extra_params,
+                "max_response_bytes": self.max_response_bytes}
 
     async def acomplete(self, request: Request) -> Reply:
         try:
@@ -214,7 +223,7 @@ class OpenAIModel:
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
         return Wire(self.url, _safe_url(self.url), headers, self.timeout.bounded(None), self.timeout.read,
-                    self._redact)
+                    self._redact, self.max_response_bytes)
 
     def body(self, request: Request) -> dict[str, Any]:
         """The JSON body sent for `request` (params may not override model, messages, tools, stream).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import reprlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,12 +43,19 @@ class ScriptSource:
 class ScriptedModel:
     """Serves chat.completions response objects in order (the last repeats). Records requests.
 
+    `replies`: response objects (dicts, served as an endpoint would send them: a malformed one ends
+    the run `endpoint_error` when it is served) or `Reply` values; anything else is a TypeError
+    naming its position (`loopfence.testing.text_reply("hi")` makes a text reply).
+
     `offset` starts the script further on (a resumed run continues where the log ended);
     `delay_s` (default: $LOOPFENCE_SCRIPTED_DELAY_S, else 0) makes each reply take that long.
     """
 
     def __init__(self, replies: Sequence[dict[str, Any] | Reply], *, repeat_last: bool = True,
                  offset: int = 0, delay_s: float | None = None, source: ScriptSource | None = None) -> None:
+        if isinstance(replies, (str, bytes, dict, Reply)):
+            raise TypeError(f"ScriptedModel takes a list of replies, got one {type(replies).__name__}: "
+                            "ScriptedModel([...])")
         if not replies:
             raise ValueError("ScriptedModel needs at least one reply")
         self.replies = [r if isinstance(r, Reply) else _as_logged(i, r) for i, r in enumerate(replies, 1)]
@@ -123,7 +131,12 @@ class ScriptedModel:
 
 def _as_logged(i: int, reply: Any) -> Any:
     """The reply as the log header records it and reads it back (so a resumed or replayed run
-    sees what this one saw); ValueError when the log could not hold it."""
+    sees what this one saw); ValueError when the log could not hold it, TypeError when it is not a
+    response object (a dict: one the endpoint could have sent, malformed ones included)."""
+    if not isinstance(reply, dict):
+        hint = "; for a text reply: loopfence.testing.text_reply(text)" if isinstance(reply, str) else ""
+        raise TypeError(f"scripted reply {i} is not a chat.completions response object (a dict) or a Reply: "
+                        f"got {type(reply).__name__} {reprlib.repr(reply)}{hint}")
     if (levels := depth(reply)) > MAX_DEPTH:
         raise ValueError(f"scripted reply {i} is nested {levels:,} levels deep (the limit is {MAX_DEPTH})")
     try:

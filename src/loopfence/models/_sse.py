@@ -75,24 +75,30 @@ class LineSplitter:
     """Push-style line splitting of raw body bytes: `feed(chunk)` returns the lines it completes,
     `close()` the unterminated rest. Only CR, LF and CRLF end a line (not the other
     `str.splitlines` breaks, which may sit inside a JSON string); a line is decoded once complete,
-    so a UTF-8 character split across network reads is fine."""
+    so a UTF-8 character split across network reads is fine. A long line costs its length once: the
+    pieces of a line not yet ended are kept, and joined when it ends (not on every read)."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_pending", "_cr")
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._pending: list[bytes] = []  # the unterminated line so far, in pieces
+        self._cr = False  # the pending line ends with CR (maybe the first half of CRLF)
 
     def feed(self, chunk: bytes) -> list[str]:
         if not chunk:
             return []
-        buf = self._buf + chunk
-        hold = buf.endswith(b"\r")  # maybe the first half of CRLF
+        if not self._cr and b"\n" not in chunk and b"\r" not in chunk:
+            self._pending.append(chunk)  # no line ends here: nothing to split yet
+            return []
+        buf = b"".join(self._pending) + chunk
+        hold = buf.endswith(b"\r")
         parts = _EOL_B.split(buf[:-1] if hold else buf)
-        self._buf = parts.pop() + (b"\r" if hold else b"")
+        rest = parts.pop() + (b"\r" if hold else b"")
+        self._pending, self._cr = [rest] if rest else [], hold
         return [part.decode("utf-8", "replace") for part in parts]
 
     def close(self) -> list[str]:
-        buf, self._buf = self._buf, b""
+        buf, self._pending, self._cr = b"".join(self._pending), [], False
         return [part.decode("utf-8", "replace") for part in _EOL_B.split(buf)] if buf else []
 
 

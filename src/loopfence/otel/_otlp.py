@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from .._json import dumps
-from ..runlog._reader import read_log
+from ..runlog._reader import RunLogFile, read_log
 from ..runlog._schema import parse_line
 from ._instrument import SCOPE, _version
 from ._spans import SpanRecorder
@@ -28,11 +28,11 @@ _KINDS = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind
 _STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 
 
-def spans_from_log(path: str | os.PathLike[str], *, tracer_provider: Any = None,
+def spans_from_log(path: str | os.PathLike[str] | RunLogFile, *, tracer_provider: Any = None,
                    include_content: bool = False) -> list[ReadableSpan]:
     """The spans of a recorded run (read strictly: LogError for a damaged log). With
     `tracer_provider` they also go through its processors; the list is what was made here."""
-    log = read_log(path)
+    log = path if isinstance(path, RunLogFile) else read_log(path)
     memory = InMemorySpanExporter()
     provider = tracer_provider
     if provider is None:

@@ -12,9 +12,9 @@ from typing import Any
 
 from ._events import LogError
 from ._reader import RunLogFile, read_log
-from ._writer import EVENT_KINDS, FORMAT, VERSION, RunLog
+from ._writer import EVENT_KINDS, FORMAT, VERSION, LogWriteError, RunLog
 
-__all__ = ["EVENT_KINDS", "FORMAT", "LogError", "RunLog", "RunLogFile", "VERSION", "read_log",
+__all__ = ["EVENT_KINDS", "FORMAT", "LogError", "LogWriteError", "RunLog", "RunLogFile", "VERSION", "read_log",
            "reconcile", "Reconciliation", "replay", "ReplayReport", "resume", "ResumeOutcome",
            "ResumeError", "to_atif"]
 

@@ -68,6 +68,11 @@ class Event:
     t: float
     raw: dict[str, Any] = field(repr=False)
 
+    @property
+    def event(self) -> str:
+        """The event's kind, under the name its line and the live events (`stream()`, `on_event`) use."""
+        return self.kind
+
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:

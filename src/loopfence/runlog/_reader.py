@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 
 from .._json import MAX_LOG_DEPTH, JsonFileError, JsonLimitError, loads, read_bounded
@@ -57,6 +58,7 @@ class RunLogFile:
 def read_log(path: str | os.PathLike[str], *, tolerant: bool = False) -> RunLogFile:
     """Read and check a run log. `tolerant=True` sets aside an incomplete last line (for resume)."""
     p = str(path)
+    _regular(p)
     try:
         data = read_bounded(p, MAX_LOG_BYTES, "run log")
     except JsonFileError as exc:
@@ -84,6 +86,22 @@ def read_log(path: str | os.PathLike[str], *, tolerant: bool = False) -> RunLogF
             raise LogError(p, i, "a second header: one log holds one run")
     header, kept, aside = joined(p, head, events[1:])
     return RunLogFile(p, header, tuple(kept), complete_bytes, torn, tuple(aside))
+
+
+def _regular(path: str) -> None:
+    """A run log is a regular file: a FIFO with no writer would block the read forever, a device
+    never ends. Checked without opening it (stat does not wait for a writer)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing or unreadable: the read says so, in its words
+    if not stat.S_ISREG(mode):
+        kind = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+        raise LogError(path, 0, f"{kind}, not a run log file: loopfence reads a log from a regular file only")
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def _parse_line(path: str, lineno: int, raw: bytes) -> Event:

@@ -191,6 +191,8 @@ def _openai(d: dict[str, Any], served: int) -> Model:
     options: dict[str, Any] = {k: d[k] for k in ("stream", "max_retries", "retry_after_cap",
                                                  "request_timeout", "tool_choice", "extra_params")
                                if d.get(k) is not None}
+    if "max_response_bytes" in d:  # None is a setting here (unbounded); older headers have none: the default
+        options["max_response_bytes"] = d["max_response_bytes"]
     if isinstance(d.get("timeouts"), dict):
         options["timeout"] = Timeouts(**d["timeouts"])
     return OpenAIModel.from_env(d.get("base_url"), d.get("model"), **options)

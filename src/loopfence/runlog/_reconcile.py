@@ -17,6 +17,7 @@ answer lost), the invariants that compare the stop line's ledger are listed as `
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from ._events import CallEvent, LogError, ReplyEvent, ResultEvent, StopEvent
 from ._reader import RunLogFile, read_log
 from ._rebuild import recorded_limits, recorded_policy, registry_of
 
-__all__ = ["Check", "Reconciliation", "reconcile", "INVARIANTS", "NEED_THE_STOP"]
+__all__ = ["Check", "Reconciliation", "reconcile", "out_of_order", "INVARIANTS", "NEED_THE_STOP"]
 
 INVARIANTS = {
     "lines_in_order": "each line's seq is its line number, and its time t never goes back",
@@ -214,16 +215,20 @@ def _intents(calls: list[CallEvent], results: list[ResultEvent], open_step: int 
                  "announced call has an executed result" if not bad else "; ".join(bad))
 
 
-def _in_order(log: RunLogFile) -> Check:
+def out_of_order(log: RunLogFile) -> Iterator[str]:
     """Lines are written once, in order: a seq that is not the line's number, or a clock that goes
-    back, is a line moved, dropped, added or edited by hand."""
-    bad, last = [], 0.0
+    back, is a line moved, dropped, added or edited by hand. Each such line, in file order."""
+    last = 0.0
     for e in (log.header, *log.events):
         if e.seq != e.line - 1:
-            bad.append(f"line {e.line} has seq {e.seq}")
+            yield f"line {e.line} has seq {e.seq}"
         if e.t < last:
-            bad.append(f"line {e.line}: t {e.t} is before the line above it ({last})")
+            yield f"line {e.line}: t {e.t} is before the line above it ({last})"
         last = max(last, e.t)
+
+
+def _in_order(log: RunLogFile) -> Check:
+    bad = list(out_of_order(log))
     return Check("lines_in_order", not bad, "seq 0..n in order, t never goes back" if not bad else
                  "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
 

@@ -206,6 +206,8 @@ class LastAnswerLine(LogEvent):
     reason: Annotated[StopReason, _Enum] | None = None
     detail: str = ""
     max_tokens: int | None = None
+    # skipped by a prompt budget: the prompt's tokens it judged by (absent in older logs)
+    prompt_estimate: int | None = None
 
 
 class GuardLine(LogEvent):

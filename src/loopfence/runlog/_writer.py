@@ -4,7 +4,8 @@ A killed process leaves a log readable up to its last complete line; so does a w
 (a full disk): `LogWriteError` then stops the run, and every later write refuses. Event kinds (field "event"):
 header, request, reply, call, result, gate, resume, retry, stop. Every event carries `seq` (0-based line
 number) and `t` (seconds since the run started, monotonic). Each record is checked against its model
-(runlog/_schema.py) before it is written: the log holds only lines the reader accepts.
+(runlog/_schema.py) before it is written: the log holds only lines the reader accepts. A large
+value is written once (runlog/_large.py): a call's large arguments stay in the reply that brought them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .._json import line
+from ._large import KEYED, shrink
 from ._schema import EVENT_KINDS, FORMAT, VERSION, LogEvent, parse_line
 
 __all__ = ["RunLog", "LogWriteError", "Abandoned", "FORMAT", "VERSION", "EVENT_KINDS"]
@@ -26,11 +28,29 @@ __all__ = ["RunLog", "LogWriteError", "Abandoned", "FORMAT", "VERSION", "EVENT_K
 class LogWriteError(OSError):
     """The run log could not be written (a full disk, /dev/full): the run cannot go on unlogged."""
 
-    def __init__(self, path: str, lines: int, why: str) -> None:
+    def __init__(self, path: str, lines: int, why: str, *, opening: bool = False) -> None:
         tail = f"; its first {lines} lines are complete: `loopfence resume {path}` continues the run " \
             "once the log can be written" if lines else ""
-        super().__init__(f"cannot write the run log {path}: {why}; the run was stopped{tail}")
+        what = f"cannot open the run log {path}: {why} (nothing was run)" if opening else \
+            f"cannot write the run log {path}: {why}; the run was stopped{tail}"
+        super().__init__(what)
         self.path, self.lines = path, lines
+
+
+def _open(path: str, mode: str) -> IO[bytes]:
+    """The log file, unbuffered, its folder made if it is new (checked only then: a batch opens
+    thousands); LogWriteError when it cannot be opened, before anything is run."""
+    try:
+        try:
+            return open(path, mode, buffering=0)  # noqa: SIM115
+        except FileNotFoundError:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            return open(path, mode, buffering=0)  # noqa: SIM115
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        error = LogWriteError(path, 0, why, opening=True)
+        error.strerror = why  # what the CLI's one line says after the path (str(error) stays the message)
+        raise error from None
 
 
 class Abandoned(BaseException):
@@ -74,13 +94,9 @@ class RunLog:
         self._held: list[bytes] = []  # lines kept back (`hold`), written with the next one
         self._written = seq  # lines known complete in the file
         self._observer_failed = False  # an on_event or listener raised (warned once)
+        self._reply_raw: Any = None  # the latest reply's raw response (where a call's arguments are)
         if self.path is not None:
-            mode = "ab" if append else "wb"
-            try:
-                self._fh = open(self.path, mode, buffering=0)  # noqa: SIM115
-            except FileNotFoundError:  # its folder is new (checked only then: a batch opens thousands)
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-                self._fh = open(self.path, mode, buffering=0)  # noqa: SIM115
+            self._fh = _open(self.path, "ab" if append else "wb")
 
     @property
     def t0(self) -> float:
@@ -88,6 +104,10 @@ class RunLog:
         return self._t0
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        if event == "reply":
+            self._reply_raw = fields.get("raw")
+        elif event in KEYED:
+            fields = shrink(event, fields, self._reply_raw)
         record = {"event": event, "seq": self._seq, "t": round(time.monotonic() - self._t0, 6),
                   **fields}
         typed = parse_line(record) if self.on_event is not None or self.strict or event not in _HOT \

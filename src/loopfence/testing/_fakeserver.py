@@ -9,7 +9,13 @@
 its own sequence: `OpenAIModel` sends the run's id (`X-Loopfence-Run-Id`, the log header's
 `run_id`), and the server keeps one position in the replies per id, so two runs, or 20 concurrent
 ones, each get the script from its first reply (`srv.runs`: the bodies each run sent). Clients that
-send no id share one sequence. `GET .../models` lists one model, "fake". Standard library only
+send no id share one sequence. A reply counts as served only once it has been written whole to a
+client still there: when the client went away before its last byte (a write failed, or the client
+closed its end; as with most HTTP servers, a half-closed connection counts as gone), or reset the
+connection with the reply unread (a process killed before it read the reply), the run's next request
+gets that reply again (`srv.undelivered`: the run id and 0-based script position of each). A fault's
+reply is served once the fault has played out: a client that gives up on a stall, and retries, gets
+the next reply. `GET .../models` lists one model, "fake". Standard library only
 (ThreadingHTTPServer in a thread).
 
 Reply forms (JSON objects; the drill's scenario files and `loopfence fake-server` use the same):
@@ -54,7 +60,9 @@ Faults ({"fault": NAME, ...}; the reply a fault disturbs is given inline as "chu
 
 from __future__ import annotations
 
+import heapq
 import json
+import select
 import socket
 import struct
 import threading
@@ -86,6 +94,10 @@ class FakeServer:
         self.requests: list[dict[str, Any]] = []  # JSON bodies received by chat/completions
         self.headers: list[dict[str, str]] = []  # their request headers (lower-case names)
         self.runs: dict[str | None, list[dict[str, Any]]] = {}  # the bodies per run id (None: sent none)
+        self.undelivered: list[tuple[str | None, int]] = []  # (run id, script position) never written whole
+        self._position: dict[str | None, int] = {}  # per run: the next script position not yet handed out
+        self._again: dict[str | None, list[int]] = {}  # per run: positions handed out, not delivered (a heap)
+        self._handed = threading.local()  # .out: (run id, position) of the reply this handler thread sends
         self._host, self._port = host, port
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -132,14 +144,27 @@ class FakeServer:
         self.close()
 
     def _next(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        """The reply form for a request: the next in its run's own sequence."""
+        """The reply form for a request: the first position of its run's own sequence not delivered
+        yet (handed out to this handler thread, `_handed.out`; `_give_back` returns it)."""
+        run = headers.get(RUN_HEADER) or None
         with self._lock:
-            sent = self.runs.setdefault(headers.get(RUN_HEADER) or None, [])
-            i = len(sent)
-            sent.append(body)
+            self.runs.setdefault(run, []).append(body)
             self.requests.append(body)
             self.headers.append(headers)
+            again = self._again.get(run)
+            if again:
+                i = heapq.heappop(again)
+            else:
+                i = self._position.get(run, 0)
+                self._position[run] = i + 1
+            self._handed.out = (run, i)
             return self.replies[min(i, len(self.replies) - 1)]
+
+    def _give_back(self, out: tuple[str | None, int]) -> None:
+        """A reply handed out never reached its client whole: the run's next request gets it."""
+        with self._lock:
+            heapq.heappush(self._again.setdefault(out[0], []), out[1])
+            self.undelivered.append(out)
 
 
 class _Server(ThreadingHTTPServer):
@@ -150,11 +175,13 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # keep-alive replies would otherwise stall ~40 ms on delayed ACKs
     fake: FakeServer  # set on the per-server subclass
+    unread: tuple[str | None, int] | None = None  # the last reply, until the client shows it read it
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
         return
 
     def do_GET(self) -> None:  # noqa: N802
+        self.unread = None
         if self.path.rstrip("/").endswith("/models"):
             self._send(Plan(200, {"Content-Type": "application/json"}, [json.dumps(
                 {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "loopfence"}]}).encode()]))
@@ -162,6 +189,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._not_found()
 
     def do_POST(self) -> None:  # noqa: N802
+        self.unread = None  # a new request: the client read the reply before it
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         if not self.path.split("?")[0].rstrip("/").endswith("/chat/completions"):
@@ -172,9 +200,15 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"_unparseable": raw.decode("utf-8", "replace")}
         headers = {k.lower(): v for k, v in self.headers.items()}
+        self.fake._handed.out = None
         form = self.fake._next(body if isinstance(body, dict) else {"_body": body}, headers)
+        handed = None if "fault" in form else self.fake._handed.out  # (a subclass's `_next` hands none out)
         streaming = isinstance(body, dict) and body.get("stream") is True
-        self._send(render(form, streaming))
+        if not self._send(render(form, streaming)):
+            if handed is not None:
+                self.fake._give_back(handed)
+        elif not self.close_connection:
+            self.unread = handed  # until the client sends its next request or closes without a reset
 
     def _not_found(self) -> None:
         self._send(Plan(404, {"Content-Type": "application/json"},
@@ -184,18 +218,36 @@ class _Handler(BaseHTTPRequestHandler):
         """Sleep unless the server is stopping; False when it is."""
         return not (seconds > 0 and self.fake._stopping.wait(seconds))
 
-    def _send(self, plan: Plan) -> None:
+    def _client_there(self) -> bool:
+        """False once the client closed its end (FIN) or reset the connection."""
+        sock = self.connection
         try:
-            self._deliver(plan)
+            ready, _, _ = select.select([sock], [], [], 0)
+            return not ready or sock.recv(1, socket.MSG_PEEK) != b""
+        except OSError:
+            return False
+
+    def _last(self, data: bytes) -> bool:
+        """Write the reply's last bytes; True when the client was still there for them."""
+        there = self._client_there()
+        self.wfile.write(data)
+        self.wfile.flush()
+        return there
+
+    def _send(self, plan: Plan) -> bool:
+        """Send the reply; True when it was written whole (a fault's reply as the fault shapes it)."""
+        try:
+            return self._deliver(plan)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, OSError):
             self.close_connection = True  # the client went away: nothing more to do
+            return False
 
-    def _deliver(self, plan: Plan) -> None:
+    def _deliver(self, plan: Plan) -> bool:
         if plan.close:
             self._reset(graceful=True)
-            return
+            return True
         if not self._wait(plan.stall_s):
-            return
+            return False
         body = b"".join(plan.parts)
         self.send_response(plan.status)
         for k, v in plan.headers.items():
@@ -207,19 +259,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body[: int(len(body) * plan.truncate_at)])
             self.wfile.flush()
             self._reset(graceful=True)
-            return
+            return True
         if not plan.stream:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.flush()
             if not self._wait(plan.delay_s):
-                return
+                return False
             if plan.reset_after is not None:  # half the body, then a reset
                 self.wfile.write(body[: len(body) // 2])
                 self._reset(graceful=False)
-                return
-            self.wfile.write(body)
-            return
+                return True
+            return self._last(body)
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
@@ -229,16 +280,26 @@ class _Handler(BaseHTTPRequestHandler):
         for n, part in enumerate(plan.parts):
             if plan.reset_after is not None and n >= plan.reset_after:
                 self._reset(graceful=False)
-                return
+                return True
             if not self._wait(plan.delay_s):
-                return
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                return False
+            chunk = b"%x\r\n%s\r\n" % (len(part), part)
+            # The last part holds the stream's end ([DONE]): a client may close as soon as it reads it,
+            # before the chunked terminator below, so whether it was there is judged before this part.
+            if n == len(plan.parts) - 1 and plan.reset_after is None:
+                there = self._last(chunk)
+                try:
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except OSError:  # it read the end and left: delivered all the same
+                    self.close_connection = True
+                return there
+            self.wfile.write(chunk)
             self.wfile.flush()
         if plan.reset_after is not None and plan.reset_after >= len(plan.parts) and plan.parts:
             self._reset(graceful=False)
-            return
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+            return True
+        return self._last(b"0\r\n\r\n")
 
     def _reset(self, graceful: bool) -> None:
         """Close the connection now: a FIN (graceful) or a TCP reset (RST)."""
@@ -265,6 +326,9 @@ class _Handler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         try:
             super().handle()
+        except ConnectionResetError:  # closed with data unread: the last reply was never read
+            if self.unread is not None:
+                self.fake._give_back(self.unread)
         except (OSError, ValueError):  # a connection we reset or the client dropped
             pass
 

@@ -8,7 +8,6 @@ results are relative to the workspace root: no result names the host's absolute 
 from __future__ import annotations
 
 import codecs
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,19 +67,15 @@ class FileTools:
                          hint="if it is text, try encoding=\"latin-1\"")
         if "\x00" in text and codecs.lookup(encoding).name in ("utf-8", "ascii", "latin-1", "iso8859-1"):
             return _fail("binary_file", path, f"{loc.rel} is binary ({len(data):,} bytes), not text")
-        untrusted = self._distrust(loc, text)
+        untrusted = self._distrust(loc, data, text)
         if looks_like_html(loc.name, text):
             text = html_to_text(text).render()
         return self._page(path, loc, text, page, untrusted=untrusted)
 
-    def _distrust(self, loc: Located, text: str) -> bool:
-        """Is this file's text untrusted? By provenance (see _provenance); its raw text is then
+    def _distrust(self, loc: Located, data: bytes, text: str) -> bool:
+        """Is this file's content untrusted? By provenance (see _provenance); its raw text is then
         fingerprinted, so the same text through another tool taints too."""
-        try:
-            st: os.stat_result | None = os.stat(self.jail.root / loc.rel, follow_symlinks=False)
-        except OSError:
-            st = None
-        if self.provenance.file_untrusted(loc.rel, st, text) is None:
+        if self.provenance.file_untrusted(loc.rel, data) is None:
             return False
         self.provenance.add_source(loc.rel, text)
         return True
@@ -133,6 +128,7 @@ class FileTools:
             created = self.jail.write_bytes(loc, data)
         except OSError as exc:
             return _fail("io_error", path, f"cannot write {loc.rel}: {self._why(exc)}")
+        self.provenance.wrote(loc.rel, data)
         return {"ok": True, "path": loc.rel, "bytes_written": len(data), "created": created}
 
     # ------------------------------------------------------------------ apply_patch

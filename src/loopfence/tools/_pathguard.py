@@ -280,7 +280,7 @@ class Jail:
                 created, mode = False, st.st_mode & _MODE_BITS
             except FileNotFoundError:
                 pass
-            tmp = f".{loc.name}.{uuid.uuid4().hex[:12]}.loopfence-tmp"
+            tmp = f".loopfence-{uuid.uuid4().hex[:12]}.tmp"  # 27 bytes, whatever the name's length
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                          dir_fd=dfd)
             try:

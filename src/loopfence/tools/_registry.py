@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ._jsonschema import apply_defaults, validate_schema
 
-__all__ = ["Tool", "ToolKind", "Registry", "tool", "ArgumentError", "signature_model"]
+__all__ = ["Tool", "ToolKind", "Registry", "tool", "ArgumentError", "signature_model", "check_name", "TOOL_NAME"]
 
 
 class ToolKind(StrEnum):
@@ -26,6 +27,11 @@ class ToolKind(StrEnum):
     READ_ONLY = "read_only"  # duplicates within a run are answered from the cache
     SIDE_EFFECT = "side_effect"  # never cached; bounded by max_repeats
     POLL = "poll"  # never cached; exempt from repetition rules
+
+    @classmethod
+    def _missing_(cls, value: object) -> ToolKind:
+        """`ToolKind("readonly")`: a ValueError that lists the kinds."""
+        raise ValueError(f"tool kind must be one of {', '.join(repr(k.value) for k in cls)}, got {value!r}")
 
 
 class ArgumentError(ValueError):
@@ -134,13 +140,28 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind:
     if isolation is not None and isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
 
+    tool_kind = ToolKind(kind)  # a ValueError listing the kinds, at once (also as `@tool(kind=...)`)
+
     def build(f: Callable[..., Any]) -> Tool:
+        named = check_name(name if name is not None else getattr(f, "__name__", repr(f)), name is not None)
         model, params = _arguments_of(f)
         doc = description if description is not None else inspect.getdoc(f) or ""
-        return Tool(name or f.__name__, doc, copy.deepcopy(params), f, ToolKind(kind), result_model,
+        return Tool(named, doc, copy.deepcopy(params), f, tool_kind, result_model,
                     untrusted, isolation or "", privileged, model, self_timed)
 
     return build(fn) if fn is not None else build
+
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI's API takes as a function name
+
+
+def check_name(name: Any, given: bool) -> str:
+    """`name` if it is a valid tool name (1-64 letters, digits, `_` or `-`), else ValueError."""
+    if isinstance(name, str) and TOOL_NAME.fullmatch(name):
+        return name
+    fix = "" if given else " (from the function's __name__): give one with tool(fn, name=\"...\")"
+    raise ValueError(f"tool name {name!r} is not a valid function name{fix}; a tool name is 1-64 "
+                     "letters, digits, '_' or '-'")
 
 
 _ARGUMENT_MODELS: dict[tuple[Any, str], tuple[type[BaseModel], dict[str, Any]]] = {}

@@ -7,6 +7,15 @@ a private scratch /tmp discarded at exit, the workspace as the only writable hos
 its own path (so the paths the file tools report stay valid), and a seccomp filter that refuses any
 setuid/setgid bit.
 
+A setuid or setgid file already in the workspace (a rootfs tree, an extracted package) is bound
+read-only over itself: the kernel clears the bit on write(), truncate() and chmod() but not on a
+write through a shared mapping, which would leave model-written code in a setuid binary on the host.
+`setuid_files` finds them before every command, by a walk of the whole tree (one lstat per file, no
+symlink followed); every hard link of such a file carries the bit and is found too, and a new link
+cannot be made to a read-only bind (EXDEV). A folder the walk may not list (not as root) is bound
+read-only whole. A file made setuid on the host while a command runs is guarded from the next
+command on.
+
 The command never runs as root on the host. Started by an unprivileged user, bwrap maps that user;
 started by root, the launcher first makes an idmapped mount of the workspace (its owner's files
 appear owned by a fresh unprivileged uid) and drops to that uid before bwrap starts, so uid 0
@@ -18,11 +27,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SandboxPlan", "plan", "ETC_KEEP"]
+__all__ = ["SandboxPlan", "plan", "setuid_files", "SetuidScanError", "ETC_KEEP", "MAX_SETUID_FILES"]
 
 # what a command may need from /etc; everything else there is absent in the sandbox
 ETC_KEEP = ("passwd", "group", "hosts", "hostname", "host.conf", "nsswitch.conf", "resolv.conf", "gai.conf",
@@ -38,6 +48,12 @@ ETC_KEEP = ("passwd", "group", "hosts", "hostname", "host.conf", "nsswitch.conf"
 SCRATCH = ("/mnt", "/media", "/srv", "/tmp")
 _UID_BASE, _UID_SPAN = 1_000_000, 1_000_000
 _INSIDE_ID = 1000
+MAX_SETUID_FILES = 1_000  # each is one read-only bind (a mount) in the sandbox
+_SUID_BITS = stat.S_ISUID | stat.S_ISGID
+
+
+class SetuidScanError(Exception):
+    """The workspace could not be checked for setuid files, or holds too many: no command runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +68,53 @@ class SandboxPlan:
         return {"sandbox": "bubblewrap", "host_user": self.user}
 
 
-def plan(bwrap: str, root: Path, seccomp_fd: int | None) -> SandboxPlan:
-    """The sandbox for a command in `root`. As root: a fresh unprivileged uid owns an idmapped view."""
+def setuid_files(root: Path, limit: int = MAX_SETUID_FILES) -> list[str]:
+    """Every setuid or setgid regular file under `root` (each hard link), relative to it, and every
+    folder this user may not list (its owner could chmod it inside). Another error or more than
+    `limit`: SetuidScanError naming it (fail closed)."""
+    found: list[str] = []
+    folders = [""]
+    while folders:
+        rel = folders.pop()
+        try:
+            listing = os.scandir(os.path.join(root, rel) if rel else root)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # gone since it was listed
+        except PermissionError:  # (not as root) what it holds cannot be checked: read-only, whole
+            if not rel:
+                raise SetuidScanError("cannot list the workspace to look for setuid files in it") from None
+            _add(found, rel, limit)
+            continue
+        except OSError as exc:
+            raise SetuidScanError(f"cannot list the folder {rel or '.'} to look for setuid files in it: "
+                                  f"{exc.strerror or exc}") from None
+        with listing:
+            for entry in listing:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(path)
+                    elif entry.is_file(follow_symlinks=False) and \
+                            entry.stat(follow_symlinks=False).st_mode & _SUID_BITS:
+                        _add(found, path, limit)
+                except FileNotFoundError:
+                    continue
+    return sorted(found)
+
+
+def _add(found: list[str], path: str, limit: int) -> None:
+    found.append(path)
+    if len(found) > limit:
+        raise SetuidScanError(f"the workspace holds more than {limit:,} setuid/setgid files or unlistable "
+                              f"folders (the sandbox's limit, each bound read-only), e.g. {found[0]}, {path}")
+
+
+def plan(bwrap: str, root: Path, seccomp_fd: int | None, read_only: tuple[str, ...] = ()) -> SandboxPlan:
+    """The sandbox for a command in `root`, with the workspace files `read_only` (relative paths:
+    `setuid_files`) bound read-only. As root: a fresh unprivileged uid owns an idmapped view."""
     if os.geteuid() != 0:
-        return SandboxPlan(_bwrap(bwrap, root, str(root), seccomp_fd, ()), user=f"uid {os.geteuid()} (yours)")
+        return SandboxPlan(_bwrap(bwrap, root, str(root), seccomp_fd, (), read_only),
+                           user=f"uid {os.geteuid()} (yours)")
     st = os.stat(root)
     uid = _UID_BASE + secrets.randbelow(_UID_SPAN)  # per command: its own RLIMIT_NPROC count
     scratch = next((d for d in SCRATCH if os.path.isdir(d) and not os.path.islink(d)), "/tmp")
@@ -64,11 +123,12 @@ def plan(bwrap: str, root: Path, seccomp_fd: int | None) -> SandboxPlan:
                         "gid": uid, "scratch": scratch, "at": at},
               "drop": {"uid": uid, "gid": uid}}
     ids = ("--uid", str(_INSIDE_ID), "--gid", str(_INSIDE_ID))
-    return SandboxPlan(_bwrap(bwrap, root, at, seccomp_fd, ids), launch,
+    return SandboxPlan(_bwrap(bwrap, root, at, seccomp_fd, ids, read_only), launch,
                        user=f"unprivileged uid {uid} (idmapped workspace; loopfence runs as root)")
 
 
-def _bwrap(bwrap: str, root: Path, source: str, seccomp_fd: int | None, ids: tuple[str, ...]) -> list[str]:
+def _bwrap(bwrap: str, root: Path, source: str, seccomp_fd: int | None, ids: tuple[str, ...],
+           read_only: tuple[str, ...]) -> list[str]:
     args = [bwrap, "--unshare-all", "--unshare-user", *ids, "--disable-userns", "--die-with-parent",
             "--new-session", "--cap-drop", "ALL"]
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -85,7 +145,10 @@ def _bwrap(bwrap: str, root: Path, source: str, seccomp_fd: int | None, ids: tup
             args += ["--ro-bind", path, path]
     # bwrap binds /proc's writable knobs (sys, sysrq-trigger, irq, bus) read-only over its own /proc
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--bind", source, str(root), "--remount-ro", "/", "--chdir", str(root),
+             "--bind", source, str(root)]
+    for rel in read_only:
+        args += ["--ro-bind", f"{source}/{rel}", f"{root}/{rel}"]
+    args += ["--remount-ro", "/", "--chdir", str(root),
              "--hostname", "sandbox", "--clearenv",
              "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", str(root),
              "--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp"]

@@ -16,7 +16,11 @@ Containment, outside in:
   discarded at exit, and the workspace as the only writable host folder; the command never runs as
   root on the host (tools/_sandbox, tools/_launch) and cannot set a setuid bit (tools/_seccomp).
 Unsandboxed commands get the environment less SECRET_ENV and `hide_env`; those values are masked in
-any output either way.
+any output either way (the literal value only: a command that encodes it gets it past the mask). Before
+each one, this process makes itself non-dumpable, so that its own environment (which
+`/proc/PID/environ` keeps as it started, key included), memory and ptrace are closed to them; that
+holds against processes of the same unprivileged user, never against root, and nothing closes the
+user's other processes and files to them: `--unsandboxed` cannot keep a secret the user can reach.
 
 If the sandbox is required but bubblewrap is missing or cannot start, the command does not run: the
 result is a structured `sandbox_unavailable` error (fail closed). `sandbox=False` is the explicit
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import json
 import math
 import os
@@ -46,7 +51,7 @@ from typing import Any
 from ._cgroup import TreeCgroup
 from ._executor import on_cancel, time_left
 from ._reap import MARKER_ENV, exited, kill_tree, reap_orphans
-from ._sandbox import SandboxPlan, plan
+from ._sandbox import SandboxPlan, SetuidScanError, plan, setuid_files
 from ._seccomp import program
 
 __all__ = ["CommandLimits", "Shell"]
@@ -153,11 +158,15 @@ class Shell:
         timeout = min(float(timeout_s), self.max_timeout_s, *([max(left, 0.05)] if left is not None else []))
         if self.sandbox and (problem := self.sandbox_status()):
             return _unavailable(problem)
+        try:  # found before every command: a file made setuid since the last one is guarded too
+            read_only = tuple(setuid_files(self.root)) if self.sandbox else ()
+        except SetuidScanError as exc:
+            return _error("setuid_files", f"{exc}. Nothing was run (fail closed).")
         marker = uuid.uuid4().hex
         group = TreeCgroup.create(f"loopfence-{marker}", self.limits.tree_processes, self.limits.tree_memory_bytes)
         try:
             with _seccomp_fd() if self.sandbox else contextlib.nullcontext(None) as fd:
-                argv, env, cfg = self._command(command, marker, fd)
+                argv, env, cfg = self._command(command, marker, fd, read_only)
                 cfg.update(rlimits=self.limits.rlimits(timeout), cgroups=list(group.procs_files) if group else [])
                 launch = [sys.executable, "-I", "-S", _LAUNCH, json.dumps(cfg), *argv]
                 result = self._execute(launch, env, marker, timeout, group, () if fd is None else (fd,))
@@ -205,12 +214,14 @@ class Shell:
                 text = text.replace(value, f"[{name} withheld]")
         return text
 
-    def _command(self, command: str, marker: str, fd: int | None) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    def _command(self, command: str, marker: str, fd: int | None, read_only: tuple[str, ...] = ()
+                 ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
         if not self.sandbox:
+            _undumpable()
             env = {k: v for k, v in os.environ.items() if k not in self.hide_env}
             env[MARKER_ENV] = marker
             return ["/bin/sh", "-c", command], env, {}
-        how: SandboxPlan = plan(str(shutil.which("bwrap")), self.root, fd)
+        how: SandboxPlan = plan(str(shutil.which("bwrap")), self.root, fd, read_only)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", MARKER_ENV: marker}
         return [*how.argv, "--setenv", MARKER_ENV, marker, "--", "/bin/sh", "-c", command], env, dict(how.launch)
 
@@ -338,6 +349,17 @@ def _unavailable(why: str) -> dict[str, Any]:
         f"run_command needs its sandbox and it cannot start: {why}. Nothing was run (fail closed)."),
         "hint": "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or opt out explicitly "
                 "with `loopfence run --unsandboxed` / workspace_tools(..., sandbox=False)"}
+
+
+def _undumpable() -> None:
+    """Before an unsandboxed command: this process's environment (`/proc/PID/environ`, which keeps
+    the key it started with), memory and ptrace closed to other processes of its user. Not to root:
+    an unsandboxed command run as root reads every secret on the machine."""
+    if sys.platform == "linux":  # one call each time: a change of uid since would have reset it
+        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+_PR_SET_DUMPABLE = 4
 
 
 @contextlib.contextmanager
