@@ -63,6 +63,22 @@ def test_rows_and_summary_carry_the_dollars_of_the_logs(tmp_path: Path) -> None:
     assert unpriced.summary.cost_usd is None and "cost_usd" not in result_rows(tmp_path / "plain")[0]
 
 
+def test_an_episode_with_its_own_limits_is_priced_by_the_model_the_params_name(tmp_path: Path) -> None:
+    """The batch's params name the model that prices an episode checked on its own: one with its own
+    limits, or every episode of a model factory."""
+    def replies(_: Episode | None = None) -> ScriptedModel:
+        return ScriptedModel([{**text_reply("done", usage=(1000, 10)), "model": "gpt-4o-mini"}] * 2)
+
+    eps = [{"id": "shared", "task": "t"}, {"id": "own", "task": "t", "limits": {"max_cost_usd": 0.05}}]
+    for out, model in (("one", replies()), ("each", replies)):
+        result = batch(eps, model=model, out=tmp_path / out, params={"model": "gpt-4o-mini"},
+                       limits=Limits(max_cost_usd=0.07))
+        rows = {r.id: r for r in result.rows}
+        assert {(r.id, r.stop, r.error) for r in result.rows} == {
+            ("shared", "final_answer", None), ("own", "final_answer", None)}, out
+        assert rows["shared"].cost_usd == rows["own"].cost_usd > 0
+
+
 def test_a_cost_budget_without_a_price_is_refused_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(BatchError, match="max_cost_usd|price"):
         batch([{"id": "a", "task": "t"}], model=ScriptedModel([text_reply("x")]), out=tmp_path / "job",

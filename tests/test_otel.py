@@ -293,6 +293,29 @@ def test_a_scripted_run_with_a_gate_refusal_exports_the_same_spans(tmp_path: Pat
     assert decisions == ["executed", "reused", "refused"]
 
 
+def test_a_large_calls_arguments_are_read_back_from_its_reply_live_and_from_the_log(tmp_path: Path) -> None:
+    """Over 64 KiB, a call event leaves its arguments out (they are stored once, in the reply):
+    the span still carries them, in the live run and exported from its log."""
+    text = "y" * (200 << 10)
+
+    def save(note: str) -> str:
+        """Save a note."""
+        return f"saved {len(note)}"
+
+    provider, memory = _memory()
+    inst = Instrumentation(tracer_provider=provider, include_content=True)
+    log = tmp_path / "big.jsonl"
+    model = ScriptedModel([calls_reply(tool_call("save", note=text)), text_reply("saved")])
+    result = run("save it", model=model, tools=[tool(save)], log=RunLog(log), on_event=inst.on_event,
+                 limits=Limits(max_prompt_tokens=None, max_completion_tokens=None))
+    assert result.stop.reason == "final_answer"
+    call = next(json.loads(x) for x in log.read_text().splitlines() if '"event":"call"' in x.replace(" ", ""))
+    assert "arguments" not in call and "raw_arguments" not in call  # stored once, in the reply
+    for spans in (list(memory.get_finished_spans()), spans_from_log(log, include_content=True)):
+        span = next(s for s in spans if s.name == "execute_tool save")
+        assert json.loads(span.attributes["gen_ai.tool.call.arguments"]) == {"note": text}
+
+
 # -- stops, damaged logs, robustness -------------------------------------------------------------------
 def test_a_kill_stop_is_an_error_on_the_run_span(tmp_path: Path) -> None:
     provider, memory = _memory()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,28 @@ def test_a_reply_cut_at_the_tokens_left_of_the_budget_is_that_budgets_stop(tmp_p
     rec = reconcile(path)
     assert rec.ok, [c.detail for c in rec.failed]
     assert replay(path).ok, replay(path).lines()
+
+
+def test_a_log_before_version_4_keeps_its_cut_named_incomplete_stream(tmp_path: Path, monkeypatch: Any) -> None:
+    """Logs before version 4 named a cut at the reservation incomplete_stream: their replay and
+    reconcile follow the log's version, while a version-4 log with that stop diverges."""
+    import loopfence._steps as steps
+
+    with monkeypatch.context() as m:  # the ring as it was: no budget's name for the cut
+        m.setattr(steps, "_cut_by_budget", lambda s, reply: None)
+        r = run("Make a note of pages/pi.html", model=Capped([reading(25), (NOTE, 40)]), tools=TOOLS,
+                log=RunLog(tmp_path / "as-written.jsonl"), limits=Limits(max_completion_tokens=50))
+    assert r.stop.reason is StopReason.INCOMPLETE_STREAM
+
+    def version(n: int) -> Callable[[list[dict[str, Any]]], None]:
+        def edit(events: list[dict[str, Any]]) -> None:
+            events[0]["version"] = n
+        return edit
+
+    old = edit_events(tmp_path / "as-written.jsonl", tmp_path / "v3.jsonl", version(3))
+    assert reconcile(old).ok and replay(old).ok, replay(old).lines()
+    new = edit_events(tmp_path / "as-written.jsonl", tmp_path / "v4.jsonl", version(4))
+    assert not replay(new).ok
 
 
 @pytest.mark.parametrize("how, limits, params, own", [

@@ -267,6 +267,42 @@ def test_the_same_call_with_nothing_in_between_stops_at_the_third_reply(tmp_path
     _reconciled(tmp_path)
 
 
+def test_a_large_repeated_call_stops_with_its_short_key_and_replays(tmp_path: Path) -> None:
+    """A repeated ~1 MB call: the stop names the key's digest form (as the log's call events do), not
+    the call twice over; reconcile and replay fold the same short form."""
+    from loopfence.runlog._large import short_key
+    big = tool_call("run_tests", cmd="pytest -q -k " + "x" * 1_000_000)
+    r = _run(tmp_path, [calls_reply(big)], _edit_and_test(["1 failed"]), limits=UNBUDGETED)
+    key = r.stop.data["key"]
+    assert r.stop.reason is StopReason.REPEATED_CALL and r.ledger.model_requests == 3
+    assert key.startswith("run_tests:sha256:") and len(key) == len("run_tests:sha256:") + 64
+    assert key == short_key('run_tests:{"cmd":"pytest -q -k ' + "x" * 1_000_000 + '"}')
+    stop = (tmp_path / "run.jsonl").read_text(encoding="utf-8").splitlines()[-1]
+    assert json.loads(stop)["event"] == "stop" and len(stop) < 4096, len(stop)
+    assert len(r.stop.detail) < 300 and key in r.stop.detail
+    _reconciled(tmp_path)
+
+
+def test_a_stop_written_with_the_whole_large_key_still_reconciles_and_replays(tmp_path: Path) -> None:
+    """A log written before a stop named a large key by its digest: reconcile and replay compare the
+    digest form of the key it wrote (and of the detail that quotes it)."""
+    from loopfence.runlog._large import short_key
+    whole = 'run_tests:{"cmd":"pytest -q -k ' + "x" * 100_000 + '"}'
+    big = tool_call("run_tests", cmd="pytest -q -k " + "x" * 100_000)
+    _run(tmp_path, [calls_reply(big)], _edit_and_test(["1 failed"]), limits=UNBUDGETED)
+
+    def spell_out(events: list[dict[str, Any]]) -> None:
+        stop = events[-1]
+        assert stop["data"]["key"] == short_key(whole)
+        stop["data"]["key"], stop["detail"] = whole, stop["detail"].replace(short_key(whole), whole)
+
+    old = edit_events(tmp_path / "run.jsonl", tmp_path / "old.jsonl", spell_out)
+    assert len(old.read_text(encoding="utf-8").splitlines()[-1]) > 200_000
+    rec = reconcile(old)
+    assert rec.ok, [c.detail for c in rec.failed]
+    assert replay(old).ok, replay(old).lines()
+
+
 def test_reads_in_between_change_nothing(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -58,7 +58,7 @@ def test_missing_header(good: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field,value,words", [
     ("format", "something.else", "header format"),
-    ("version", 4, "header version is 4, this loopfence writes version 3 and reads versions 1 to 3"),
+    ("version", 5, "header version is 5, this loopfence writes version 4 and reads versions 1 to 4"),
     ("version", "2", "header version is '2'"),
 ])
 def test_invalid_header(good: Path, tmp_path: Path, field: str, value: object, words: str) -> None:
@@ -126,7 +126,7 @@ def test_a_hand_edited_line_is_refused_with_its_line(good: Path, tmp_path: Path,
 
 def test_a_version_1_log_still_reads(good: Path, tmp_path: Path) -> None:
     events = read_lines(good)
-    assert events[0]["version"] == VERSION == 3
+    assert events[0]["version"] == VERSION == 4
     events[0]["version"] = 1
     p = tmp_path / "v1.jsonl"
     write_lines(p, events)

@@ -145,6 +145,25 @@ def test_report_command_for_a_log(run_log: Path, tmp_path: Path, capsys: pytest.
     assert "neither a batch folder" in capsys.readouterr().err
 
 
+def test_report_command_reads_the_log_once(run_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The order check and the page read the same lines: one read of the log (up to 256 MiB), not two."""
+    import loopfence._commands.report as command
+    import loopfence._report._run as page
+    from loopfence.runlog._reader import read_log
+    reads: list[str] = []
+
+    def counted(path: Any, *args: Any, **kw: Any) -> Any:
+        reads.append(str(path))
+        return read_log(path, *args, **kw)
+
+    for module in (command, page):
+        monkeypatch.setattr(module, "read_log", counted)
+    assert cli(["report", str(run_log), "-o", str(tmp_path / "page.html")]) == 0
+    assert reads == [str(run_log)] and "DEBUG" in (tmp_path / "page.html").read_text(encoding="utf-8")
+    capsys.readouterr()
+
+
 # -- batch and drill folders ----------------------------------------------------------------------------
 STOPS = [("final_answer", "SHIP")] * 6 + [("max_steps", "KILL"), ("repeated_call", "KILL"), ("no_progress", "KILL")]
 

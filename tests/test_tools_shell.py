@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import socket
 import tempfile
@@ -282,6 +283,30 @@ def test_unsandboxed_is_an_explicit_opt_out_named_in_the_result_and_description(
 
 
 
+def test_a_refused_prctl_is_warned_once_naming_the_errno(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were the kernel to refuse PR_SET_DUMPABLE, the parent's environment would stay readable: say so."""
+    import ctypes
+    import errno
+
+    from loopfence.tools import _shell
+
+    class Refusing:  # the C library, as a kernel that refuses the call answers
+        calls = 0
+
+        def prctl(self, *args: int) -> int:
+            assert args == (4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+            Refusing.calls += 1
+            ctypes.set_errno(errno.EPERM)
+            return -1
+
+    monkeypatch.setattr(_shell, "_libc", Refusing, raising=False)
+    monkeypatch.setattr(_shell, "_WARNED", [], raising=False)
+    with pytest.warns(RuntimeWarning) as said:
+        results = [run(tmp_path, "echo hi", sandbox=False) for _ in range(2)]
+    assert [r["stdout"] for r in results] == ["hi\n", "hi\n"] and Refusing.calls == 2
+    assert len(said) == 1 and "PR_SET_DUMPABLE" in str(said[0].message), [str(w.message) for w in said]
+    assert "EPERM, errno 1" in str(said[0].message) and "environ" in str(said[0].message)
+
 
 _AS_A_USER = """
 import ctypes, os, sys
@@ -297,6 +322,9 @@ if os.geteuid() == 0:  # a user's own process, as it starts (root's commands rea
     if not usable:
         sys.exit("SKIP: no Python this user can run, for the launcher (standard library only)")
     sys.executable = usable[0]
+    from loopfence.tools._shell import _LAUNCH
+    if not os.access(_LAUNCH, os.R_OK):
+        sys.exit(f"SKIP: uid 65534 cannot read the checkout (the launcher {_LAUNCH})")
 """
 
 
@@ -322,19 +350,40 @@ def test_an_unsandboxed_command_cannot_read_the_key_from_loopfences_own_environm
     tag = f"probe-{random.randrange(10**9)}"
     command = ("tr '\\0\\n' '  ' < /proc/$PPID/cmdline; echo; "
                "tr '\\0' '\\n' < /proc/$PPID/environ | grep -c '^OPENAI_API_KEY='; "
-               "od -c /proc/$PPID/mem > /dev/null && echo mem-read")
+               f"PYTHON -c {shlex.quote(_READ_MEMORY)} $PPID")
+    body = (f"print(Shell(Path(ws), sandbox=False).run({command!r}.replace('PYTHON', sys.executable), 10)"
+            f"['stdout'], end='')  # {tag}")
     with tempfile.TemporaryDirectory() as ws:  # under /tmp: reachable for the unprivileged user
-        out = as_a_user(f"print(Shell(Path(ws), sandbox=False).run({command!r}, 10)['stdout'])  # {tag}",
-                        Path(ws), {"OPENAI_API_KEY": "sk-test-in-the-parent-0123456789"})
-    cmdline, count, *rest = out.splitlines()
+        out = as_a_user(body, Path(ws), {"OPENAI_API_KEY": "sk-test-in-the-parent-0123456789"})
+    lines = out.splitlines()
+    assert len(lines) == 3, out
+    cmdline, count, memory = lines
     assert tag in cmdline  # $PPID is the process that holds the key
-    assert count == "0" and "mem-read" not in rest, out
+    assert count == "0" and memory.startswith("memory closed"), out
+
+
+# a few bytes at the start of the first readable mapping of a process (/proc/PID/mem at offset 0 is
+# never mapped: reading there fails even where reading is allowed)
+_READ_MEMORY = """
+import sys
+pid = sys.argv[1]
+try:
+    with open(f"/proc/{pid}/maps") as maps:
+        start = next(int(m.split("-")[0], 16) for m in maps if m.split()[1].startswith("r"))
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        mem.seek(start)
+        print("memory read", len(mem.read(8)))
+except OSError as exc:
+    print("memory closed:", exc.strerror)
+"""
 
 
 @needs_bwrap
-def test_a_folder_the_user_cannot_list_is_read_only_in_the_sandbox() -> None:
-    """What a folder holds cannot be checked for setuid files when it cannot be listed; its owner
-    could open it from inside (chmod), so it is bound read-only whole (as root every folder is listed)."""
+@pytest.mark.parametrize("mode", [0o000, 0o644])  # not listed; listed, but not looked into (no x)
+def test_a_folder_the_user_cannot_list_is_read_only_in_the_sandbox(mode: int) -> None:
+    """What a folder holds cannot be checked for setuid files when it cannot be listed or its files'
+    modes cannot be read; its owner could open it from inside (chmod), so it is bound read-only
+    whole (as root every folder is listed)."""
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
         (ws / "shut").mkdir()
@@ -343,7 +392,7 @@ def test_a_folder_the_user_cannot_list_is_read_only_in_the_sandbox() -> None:
         for path in (ws / "shut", ws / "shut" / "tool"):
             if os.geteuid() == 0:
                 os.chown(path, 65534, 65534)
-        os.chmod(ws / "shut", 0o000)
+        os.chmod(ws / "shut", mode)
         body = ("r = Shell(Path(ws)).run(\"chmod 755 shut && python3 -c \\\"import mmap,os; "
                 "fd=os.open('shut/tool',os.O_RDWR); m=mmap.mmap(fd,0); m[100:104]=b'ABCD'\\\"\", 20)\n"
                 "print(r['ok'], r['stderr'])")

@@ -4,7 +4,8 @@ Content is untrusted when a tool result says so (`ToolResult.untrusted`: HTML pa
 workspace at the start, tools declared untrusted, workspace files marked by glob, drill tools flagged
 untrusted), or when a result of any tool holds text from an untrusted source (tools/_provenance:
 fingerprints of those sources, so `cat page.html` taints as `read_file page.html` does; a source too
-large to fingerprint taints every `run_command` / `apply_patch` result instead). From the
+large to fingerprint, or a file or folder the start scan could not read, taints every `run_command` /
+`apply_patch` result instead). From the
 first such result on, the run is *tainted*: privileged tools (those flagged `privileged=True`, plus
 `run_command`, `write_file` and `apply_patch` by name) are refused with a structured
 `permission_denied` result unless the approval hook allows that one call. The taint never lifts:
@@ -137,8 +138,9 @@ class UntrustedGate(Guard):
             if prov is not None and origin in prov.files:
                 why += ": " + prov.explain(origin)
             self.mark(Taint(s.ledger.model_requests, source, why), s, c.call.id, r.decision)
-        elif prov is not None and prov.opaque and c.tool.provenance is prov and c.tool.name in _QUOTING:
-            origin, unseen = next(iter(sorted(prov.opaque.items())))  # fail closed: it may, unseen
+        elif prov is not None and c.tool.provenance is prov and c.tool.name in _QUOTING and \
+                (blind := prov.blind()) is not None:
+            origin, unseen = blind  # fail closed: it may hold that text, unseen
             why = f"{HOLDS_TEXT}{origin} as far as can be told: {unseen}"
             self.mark(Taint(s.ledger.model_requests, describe_source(c.tool.name, c.args), why), s,
                       c.call.id, r.decision)
@@ -151,6 +153,9 @@ class UntrustedGate(Guard):
     def before_execution(self, s: RunState, c: CheckedCall, reuse: bool) -> Any:
         if (prov := self.provenance(s)) is not None:
             prov.ensure_scanned()  # before anything runs: the workspace as the run found it
+            if self.taint is None:  # what a call that taints writes counts as written after the taint
+                prov.before_call(writes=c.tool.kind is ToolKind.SIDE_EFFECT and c.tool.name != "write_file",
+                                 builtin=c.tool.provenance is prov)
         if not self.is_privileged(c.tool):
             return None
         step = s.ledger.model_requests

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._contract import requested_max_tokens
 from ._repeats import CycleTrail, RepeatCounts, Streak, call_text, describe_cycle, outcome_fingerprint
 from ._stops import Stop, StopReason
+from .runlog._large import short_key
 from .tools._executor import refusal
 from .tools._registry import ToolKind
 
@@ -251,8 +252,9 @@ class RepeatedCall(Guard):
         if n >= self.limit:
             how = f" with nothing changed in between (max_repeats={self.limit})" if counts.scope == "change" \
                 else f" (max_repeats={self.limit}, repeat_scope=run)"
-            return Stop(StopReason.REPEATED_CALL, f"{c.key} requested in {n} model replies{how}; not run again",
-                        {"limit": self.limit, "value": n, "key": c.key, "scope": counts.scope})
+            key = short_key(c.key)  # a large call's key as the log stores it (its digest), not the call
+            return Stop(StopReason.REPEATED_CALL, f"{key} requested in {n} model replies{how}; not run again",
+                        {"limit": self.limit, "value": n, "key": key, "scope": counts.scope})
         return None
 
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:

@@ -80,6 +80,9 @@ class RunState:
     nudge_note: str | None = None  # a nudge to send as a user message once the turn's results are in
     warning: tuple[Any, Any] | None = None  # (Stop, CheckedCall): a rule one result short of stopping (Policy.nudge)
     run_id: str | None = None  # the header's run_id; each request carries it (Request.run_id)
+    # a reply cut at the run's own reservation stops max_completion_tokens (a log before version 4
+    # named it incomplete_stream: its playback turns this off)
+    names_reservation_cuts: bool = True
 
     def __post_init__(self) -> None:
         tools = canonical_json(self.registry.schemas())

@@ -195,7 +195,7 @@ def _cut_by_budget(s: RunState, reply: Reply) -> Stop | None:
     of max_completion_tokens, below every other cap) is that budget's stop; None for any other cut
     (a broken stream, a cap the user asked for, the server's own)."""
     limit = s.limits.max_completion_tokens
-    if limit is None or not reply.complete or reply.finish_reason != "length" or not s.ledger.per_step:
+    if limit is None or not s.names_reservation_cuts or not reply.complete or reply.finish_reason != "length" or not s.ledger.per_step:
         return None
     used = s.ledger.completion_tokens
     left = limit - (used - s.ledger.per_step[-1][1])  # what was left when the request was sent

@@ -88,8 +88,9 @@ class Kit:
             tools = self.tools_for(ep, ws)
             model = self.model_for(ep)
             limits = ep.effective_limits(self.limits)
+            params = {**self.params, **ep.params}  # the request's model names the price
             if self.is_factory or ep.limits:  # a shared model under the batch's limits was checked at the start
-                check_price(model, limits, self.prices)
+                check_price(model, limits, self.prices, params)
         except Exception as exc:  # noqa: BLE001 - an episode that cannot start is an error row
             return EpisodeResult.failed(ep.id, f"cannot start: {type(exc).__name__}: {exc}", ep.metadata, attempts)
         header: dict[str, Any] = {**self.header, "batch": {"id": ep.id, "attempt": attempts,
@@ -98,7 +99,7 @@ class Kit:
         if ws is not None:
             header["workspace"] = str(ws)
         result = await arun(ep.task, model=model, tools=tools, limits=limits, policy=ep.effective_policy(self.policy),
-                            system=ep.system, params={**self.params, **ep.params}, log=log, header=header,
+                            system=ep.system, params=params, log=log, header=header,
                             prices=self.prices)
         return EpisodeResult.of_run(ep.id, result, ep.metadata, attempts, rel)
 

@@ -42,8 +42,9 @@ def main(args: argparse.Namespace) -> int:
             out = write_dir_report(path, args.output, episode_pages=not args.no_episode_pages)
         elif path.exists():
             not_the_input(args.output, path)
-            warn_out_of_order(read_log(path, tolerant=True), "report")  # as the page reads it
-            out = write_run_report(path, args.output)
+            log = read_log(path, tolerant=True)  # as the page reads it: read once, for both
+            warn_out_of_order(log, "report")
+            out = write_run_report(path, args.output, read=log)
         else:
             raise UsageError(f"{args.path}: no such file or folder")
     except (LogError, DirError) as exc:

@@ -41,6 +41,7 @@ from .._json import dumps
 from .._limits import Limits
 from .._stops import Stop, StopReason
 from ..runlog._events import StopEvent
+from ..runlog._large import short_key
 from ..runlog._reader import RunLogFile
 from ..runlog._rebuild import gated_names, limits_of, registry_of
 from ._playback import Divergence, Playback, PlaybackLog, RecordingEnded, decisions
@@ -177,7 +178,8 @@ def _differs(stop: StopEvent, ring: Stop) -> str:
     """The data fields the log's stop names with another value than the guard's stop."""
     mine: dict[str, Any] = json.loads(dumps(ring.data))
     clock = stop.reason == StopReason.MAX_WALL_SECONDS
-    bad = [f"{k}={v!r} (the guard: {mine.get(k)!r})" for k, v in stop.data.items()
+    said = {**stop.data, **({"key": short_key(stop.data["key"])} if isinstance(stop.data.get("key"), str) else {})}
+    bad = [f"{k}={v!r} (the guard: {mine.get(k)!r})" for k, v in said.items()
            if not (clock and k == "value") and (k not in mine or mine[k] != v)]
     return ", ".join(bad)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runlog._large import call_text
-from ..runlog._reader import read_log
+from ..runlog._reader import RunLogFile, read_log
 from ..runlog._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
                               ResumeLine, RetryLine, StopLine, parse_line)
 from ._html import bar_chart, clip, esc, fmt_num, fmt_s, page, stacked_chart
@@ -66,9 +66,10 @@ def _stop_lines(events: Any) -> dict[int, StopLine]:
     return {e.line: line for e in events if isinstance(line := parse_line(e.raw), StopLine)}
 
 
-def read_run(path: str | os.PathLike[str]) -> RunView:
-    """A log read tolerantly (a killed run's torn last line is set aside) into steps."""
-    log = read_log(path, tolerant=True)
+def read_run(path: str | os.PathLike[str], log: RunLogFile | None = None) -> RunView:
+    """A log read tolerantly (a killed run's torn last line is set aside) into steps; `log`: the
+    file at `path` read so already (`read_log(path, tolerant=True)`)."""
+    log = read_log(path, tolerant=True) if log is None else log
     events: list[LogEvent] = [parse_line(e.raw) for e in log.all_events]
     header = parse_line(log.header.raw)  # the header as the run went on (a resume's overrides applied)
     assert isinstance(header, HeaderLine)
@@ -374,11 +375,11 @@ def render_run(v: RunView, *, back: str | None = None) -> str:
 
 
 def write_run_report(log: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
-                     back: str | None = None) -> Path:
+                     back: str | None = None, read: RunLogFile | None = None) -> Path:
     """Write the page for `log` (default: next to it, LOG.html); its path. LogError for a log that
-    cannot be read."""
+    cannot be read. `read`: the log, read already (`read_log(log, tolerant=True)`)."""
     target = Path(out) if out is not None else Path(log).with_suffix(".html")
-    text = render_run(read_run(log), back=back)
+    text = render_run(read_run(log, read), back=back)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8", errors="backslashreplace")  # a lone surrogate: its \\uXXXX text
     return target

@@ -32,6 +32,7 @@ from opentelemetry.metrics import Histogram, Meter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from .._json import fingerprint
+from ..runlog._large import reply_arguments
 from ..runlog._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
                               ResumeLine, RetryLine, StopLine)
 
@@ -152,6 +153,7 @@ class SpanRecorder:
         self._limits: dict[str, Any] = {}
         self._params: dict[str, Any] = {}
         self._completion = 0
+        self._reply_raw: Any = None  # the latest reply's raw response (a large call's arguments)
         self._lock = threading.Lock()
         self.done = False
 
@@ -275,6 +277,7 @@ class SpanRecorder:
         self._chat_t = e.t
 
     def _reply(self, e: ReplyLine) -> None:
+        self._reply_raw = e.raw
         self._completion += e.usage.completion_tokens
         span = self._chat
         if span is None:
@@ -327,6 +330,8 @@ class SpanRecorder:
         if self.include_content:
             attrs["loopfence.tool.key"] = e.key
             args = e.arguments if e.arguments is not None else e.raw_arguments
+            if args is None:  # large arguments are stored once, in the reply that brought them
+                args = reply_arguments(self._reply_raw, e.tool_call_id)
             attrs["gen_ai.tool.call.arguments"] = args if isinstance(args, str) else \
                 json.dumps(args, ensure_ascii=False) if args is not None else None
         span = self.tracer.start_span(f"execute_tool {e.name}", context=self._ctx, kind=SpanKind.INTERNAL,

@@ -21,8 +21,9 @@ __all__ = ["Decision", "GateDecision", "LogEvent", "HeaderLine", "RequestLine", 
            "FORMAT", "VERSION", "READS_VERSIONS", "EVENT_KINDS", "parse_line", "events_schema"]
 
 FORMAT = "loopfence.runlog"
-VERSION = 3  # 2: typed events, `retry` events; 3: `nudge`, `last_answer` and `guard` events
-READS_VERSIONS = (1, 2, 3)  # older logs read with the same models (they never hold the newer events)
+VERSION = 4  # 2: typed events, `retry` events; 3: `nudge`, `last_answer` and `guard` events; 4: large values
+# stored once (runlog/_large.py), `prompt_estimate`, a cut at the run's own reservation is max_completion_tokens
+READS_VERSIONS = (1, 2, 3, 4)  # older logs read with the same models (they never hold the newer events)
 
 
 class Decision(StrEnum):

@@ -40,6 +40,7 @@ _ROT13 = str.maketrans("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
 _B64 = re.compile(r"[A-Za-z0-9+/=\r\n]{24,}")
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
 _OD = re.compile(r"[0-7]{7,}(?= |$)")
+_OCTAL = re.compile(r"[0-7]{3}")  # an `od -c` byte (ASCII digits only: str.isdigit also takes `²` and `9`)
 _OD_ESCAPES = {"\\0": b"\0", "\\a": b"\a", "\\b": b"\b", "\\f": b"\f", "\\n": b"\n", "\\r": b"\r",
                "\\t": b"\t", "\\v": b"\v", "\\\\": b"\\", "": b" ", "**": b""}
 _UNREADABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
@@ -106,8 +107,17 @@ def views(content: str) -> list[str]:
     would leave it once undone (see the module's docstring)."""
     text = _strings(content)
     return [text, _LEADING.sub("", text), _NUMBER.sub(" ", text), "\n".join(line[::-1] for line in text.split("\n")),
-            text.translate(_ROT_LOWER), text.translate(_ROT13), *_base64_runs(text), *_hex_runs(text),
-            *_od_runs(text)]
+            text.translate(_ROT_LOWER), text.translate(_ROT13), *_decoded(text)]
+
+
+def _decoded(text: str) -> Iterator[str]:
+    """The runs each decoder finds. `match` reads every tool result once a source exists, so no
+    decoder may end the run: one that fails on a line keeps what it had decoded before it."""
+    for decode in (_base64_runs, _hex_runs, _od_runs):
+        try:
+            yield from decode(text)
+        except Exception:  # noqa: BLE001, S112 - a decoder's bug must not crash the run it guards
+            continue
 
 
 def _readable(data: bytes) -> str | None:
@@ -166,10 +176,10 @@ def _od_runs(text: str) -> Iterator[str]:
                 field = body[i:i + 4].strip()
                 if field in _OD_ESCAPES:
                     run += _OD_ESCAPES[field]
-                elif len(field) == 3 and field.isdigit():
+                elif _OCTAL.fullmatch(field):
                     run.append(int(field, 8) & 0xFF)
                 else:
-                    run += field.encode()
+                    run += field.encode(errors="replace")  # (a lone surrogate from JSON too)
             continue
         if run and (decoded := _readable(bytes(run))) is not None:
             yield decoded

@@ -10,10 +10,11 @@ setuid/setgid bit.
 A setuid or setgid file already in the workspace (a rootfs tree, an extracted package) is bound
 read-only over itself: the kernel clears the bit on write(), truncate() and chmod() but not on a
 write through a shared mapping, which would leave model-written code in a setuid binary on the host.
-`setuid_files` finds them before every command, by a walk of the whole tree (one lstat per file, no
-symlink followed); every hard link of such a file carries the bit and is found too, and a new link
-cannot be made to a read-only bind (EXDEV). A folder the walk may not list (not as root) is bound
-read-only whole. A file made setuid on the host while a command runs is guarded from the next
+`setuid_files` finds them before every command, by a walk of the whole tree (one lstat per file and
+folder, no symlink followed); every hard link of such a file carries the bit and is found too, and a
+new link cannot be made to a read-only bind (EXDEV). A folder the walk may not list, or may list but
+not look into (read but no search permission), is bound read-only whole (not as root: root looks
+into every folder). A file made setuid on the host while a command runs is guarded from the next
 command on.
 
 The command never runs as root on the host. Started by an unprivileged user, bwrap maps that user;
@@ -70,8 +71,8 @@ class SandboxPlan:
 
 def setuid_files(root: Path, limit: int = MAX_SETUID_FILES) -> list[str]:
     """Every setuid or setgid regular file under `root` (each hard link), relative to it, and every
-    folder this user may not list (its owner could chmod it inside). Another error or more than
-    `limit`: SetuidScanError naming it (fail closed)."""
+    folder this user may not list or look into (its owner could chmod it inside). Another error or
+    more than `limit`: SetuidScanError naming it (fail closed)."""
     found: list[str] = []
     folders = [""]
     while folders:
@@ -88,18 +89,41 @@ def setuid_files(root: Path, limit: int = MAX_SETUID_FILES) -> list[str]:
         except OSError as exc:
             raise SetuidScanError(f"cannot list the folder {rel or '.'} to look for setuid files in it: "
                                   f"{exc.strerror or exc}") from None
-        with listing:
-            for entry in listing:
-                path = f"{rel}/{entry.name}" if rel else entry.name
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        folders.append(path)
-                    elif entry.is_file(follow_symlinks=False) and \
-                            entry.stat(follow_symlinks=False).st_mode & _SUID_BITS:
-                        _add(found, path, limit)
-                except FileNotFoundError:
-                    continue
+        try:
+            inner, suid = _entries(listing, rel)
+        except PermissionError:  # listed but not searchable (r, no x): its files cannot be checked
+            if not rel:
+                raise SetuidScanError("cannot look into the workspace's files (no search permission) to "
+                                      "look for setuid files in it") from None
+            _add(found, rel, limit)  # read-only, whole (nothing under it is bound on its own)
+            continue
+        except OSError as exc:
+            raise SetuidScanError(f"cannot read the folder {rel or '.'} to look for setuid files in it: "
+                                  f"{exc.strerror or exc}") from None
+        folders += inner
+        for path in suid:
+            _add(found, path, limit)
     return sorted(found)
+
+
+def _entries(listing: Any, rel: str) -> tuple[list[str], list[str]]:
+    """One listed folder: its subfolders and its setuid/setgid files, relative to the workspace.
+    PermissionError where an entry's mode cannot be read."""
+    inner: list[str] = []
+    suid: list[str] = []
+    with listing:
+        for entry in listing:
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    entry.stat(follow_symlinks=False)  # PermissionError: this folder cannot be looked into
+                    inner.append(path)
+                elif entry.is_file(follow_symlinks=False) and \
+                        entry.stat(follow_symlinks=False).st_mode & _SUID_BITS:
+                    suid.append(path)
+            except FileNotFoundError:
+                continue
+    return inner, suid
 
 
 def _add(found: list[str], path: str, limit: int) -> None:

@@ -21,6 +21,9 @@ each one, this process makes itself non-dumpable, so that its own environment (w
 `/proc/PID/environ` keeps as it started, key included), memory and ptrace are closed to them; that
 holds against processes of the same unprivileged user, never against root, and nothing closes the
 user's other processes and files to them: `--unsandboxed` cannot keep a secret the user can reach.
+It cannot be scoped to the child (the child reads the parent's /proc entry), so the host process
+stays non-dumpable from its first unsandboxed command on: no core dumps, no `py-spy`/`gdb -p` by the
+same user. Where the kernel refuses it, a RuntimeWarning names the errno, once.
 
 If the sandbox is required but bubblewrap is missing or cannot start, the command does not run: the
 result is a structured `sandbox_unavailable` error (fail closed). `sandbox=False` is the explicit
@@ -32,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import errno
 import json
 import math
 import os
@@ -43,6 +47,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,11 +360,23 @@ def _undumpable() -> None:
     """Before an unsandboxed command: this process's environment (`/proc/PID/environ`, which keeps
     the key it started with), memory and ptrace closed to other processes of its user. Not to root:
     an unsandboxed command run as root reads every secret on the machine."""
-    if sys.platform == "linux":  # one call each time: a change of uid since would have reset it
-        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if sys.platform != "linux":
+        return
+    # one call each time: a change of uid since would have reset it
+    if _libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 and not _WARNED:
+        _WARNED.append(True)
+        err = ctypes.get_errno()
+        warnings.warn(f"loopfence: prctl(PR_SET_DUMPABLE, 0) failed ({errno.errorcode.get(err, '?')}, errno "
+                      f"{err}: {os.strerror(err)}): unsandboxed commands can read this process's "
+                      "environment (/proc/PID/environ, the key included) and memory", RuntimeWarning, stacklevel=2)
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 _PR_SET_DUMPABLE = 4
+_WARNED: list[bool] = []  # the failure is said once per process
 
 
 @contextlib.contextmanager
