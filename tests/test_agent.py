@@ -6,76 +6,33 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _http_support import CountingServer, counting_server
 
 from loopfence import Agent, Limits, ScriptedModel, StopReason, Verdict, batch, run, tool
 from loopfence.models import OpenAIModel
 from loopfence.testing import calls_reply, text_reply, tool_call
 
 
-class _Server(ThreadingHTTPServer):
-    """A chat endpoint on 127.0.0.1 that answers "ok" and counts the TCP connections it accepts."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.accepted = 0
-        self.bodies: list[dict[str, Any]] = []
-
-    def get_request(self) -> Any:
-        conn = super().get_request()
-        self.accepted += 1
-        return conn
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive
-    server: _Server
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.server.bodies.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
-        self._send(200, text_reply("ok"))
-
-    def do_GET(self) -> None:  # noqa: N802 - the token counter's probe (GET /props): not llama.cpp, kept alive
-        self._send(404, {"error": {"message": "no such route"}})
-
-    def _send(self, status: int, reply: dict[str, Any]) -> None:
-        body = json.dumps(reply).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def server() -> Iterator[_Server]:
-    srv = _Server()
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+def server() -> Iterator[CountingServer]:
+    with counting_server() as srv:
+        yield srv
 
 
-def _endpoint(server: _Server) -> OpenAIModel:
-    return OpenAIModel(f"http://127.0.0.1:{server.server_port}/v1", "m")
+def _endpoint(server: CountingServer) -> OpenAIModel:
+    return OpenAIModel(server.base_url, "m")
 
 
 def _header(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text().splitlines()[0])
 
 
-def test_one_agent_runs_many_tasks_under_one_configuration(server: _Server, tmp_path: Path) -> None:
+def test_one_agent_runs_many_tasks_under_one_configuration(server: CountingServer, tmp_path: Path) -> None:
     with Agent(model=_endpoint(server), system="Be brief.", limits={"max_steps": 4}, log=tmp_path / "runs") as agent:
         results = [agent.run(f"task {i}") for i in range(3)]
         results.append(asyncio.run(agent.arun("task 3")))
@@ -87,14 +44,14 @@ def test_one_agent_runs_many_tasks_under_one_configuration(server: _Server, tmp_
     assert {_header(p)["limits"]["max_steps"] for p in logs} == {4}
 
 
-def test_sequential_runs_of_one_agent_share_one_connection(server: _Server) -> None:
+def test_sequential_runs_of_one_agent_share_one_connection(server: CountingServer) -> None:
     with Agent(model=_endpoint(server)) as agent:
         stops = {agent.run(f"task {i}").stop.reason for i in range(100)}
     assert stops == {StopReason.FINAL_ANSWER} and len(server.bodies) == 100
     assert server.accepted == 1
 
 
-def test_async_runs_of_one_agent_share_one_connection(server: _Server) -> None:
+def test_async_runs_of_one_agent_share_one_connection(server: CountingServer) -> None:
     agent = Agent(model=_endpoint(server))
 
     async def main() -> set[StopReason]:
@@ -132,7 +89,7 @@ def ping() -> str:
     return "pong"
 
 
-def test_batch_takes_the_agent(server: _Server, tmp_path: Path) -> None:
+def test_batch_takes_the_agent(server: CountingServer, tmp_path: Path) -> None:
     episodes = [{"id": "a", "task": "first"}, {"id": "b", "task": "second", "system": "Its own."}]
     with Agent(model=_endpoint(server), system="Be brief.", limits="chat") as agent:
         done = agent.batch(episodes, out=tmp_path / "job", concurrency=1)
