@@ -127,3 +127,17 @@ def test_bad_settings_raise_when_the_agent_is_made(tmp_path: Path) -> None:
         Agent(model=model, log=tmp_path / "run.jsonl")
     with pytest.raises(ValueError, match="price"):
         Agent(model=model, limits={"max_cost_usd": 1.0})
+
+
+def test_the_agent_streams_a_run() -> None:
+    agent = Agent(model=ScriptedModel([text_reply("one"), text_reply("two")]), system="S.")
+    events = agent.stream("first")
+    assert [e.event for e in events][-1] == "stop" and events.result is not None
+    assert events.result.final_answer == "one" and events.result.messages[0]["content"] == "S."
+
+    async def main() -> str | None:
+        async with agent.stream("second", system="T.") as run:
+            async for _ in run:
+                pass
+        return run.result.final_answer if run.result else None
+    assert asyncio.run(main()) == "two"
