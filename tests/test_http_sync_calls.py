@@ -4,67 +4,34 @@ keep-alive connection from one call to the next, on the model's own loop, in the
 from __future__ import annotations
 
 import contextvars
-import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from _http_support import CountingServer, counting_server
 
 from loopfence import Request
 from loopfence.models import OpenAIModel
 
-REPLY = {"choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
-         "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.peers: list[int] = []  # the client's port for each request: one per connection
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive
-    server: _Server
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.server.peers.append(self.client_address[1])
-        body = json.dumps(REPLY).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @pytest.fixture
-def server() -> Iterator[_Server]:
-    srv = _Server()
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+def server() -> Iterator[CountingServer]:
+    with counting_server() as srv:
+        yield srv
 
 
 def _request() -> Request:
     return Request([{"role": "user", "content": "hi"}], [], {}, None, 1, 8)
 
 
-def test_sync_complete_calls_share_one_connection(server: _Server) -> None:
+def test_sync_complete_calls_share_one_connection(server: CountingServer) -> None:
     with OpenAIModel(f"http://127.0.0.1:{server.server_port}/v1", "m") as model:
         replies = [model.complete(_request()) for _ in range(3)]
     assert [r.content for r in replies] == ["ok", "ok", "ok"]
     assert len(server.peers) == 3 and len(set(server.peers)) == 1, server.peers
 
 
-def test_sync_complete_runs_in_the_callers_context(server: _Server) -> None:
+def test_sync_complete_runs_in_the_callers_context(server: CountingServer) -> None:
     """The ring's retry reporter (a contextvar) reaches a sync call: the context travels with it."""
     from loopfence.models._base import ON_RETRY
 
@@ -89,7 +56,7 @@ def test_sync_complete_runs_in_the_callers_context(server: _Server) -> None:
     assert seen == [("caller", True)]
 
 
-def test_close_stops_the_sync_loop_thread(server: _Server) -> None:
+def test_close_stops_the_sync_loop_thread(server: CountingServer) -> None:
     before = set(threading.enumerate())
     model = OpenAIModel(f"http://127.0.0.1:{server.server_port}/v1", "m")
     model.complete(_request())

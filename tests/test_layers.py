@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("contract/tools/models/log", ["_contract", "_compact", "tools", "models", "runlog", "mcp"]),
     ("state/guards", ["_state", "_guards", "_gate"]),
     ("loop", ["_loop", "_steps", "_stream"]),
-    ("drivers", ["_drivers", "runlog._rebuild", "runlog._reconcile", "_batch", "integrations"]),
+    ("drivers", ["_drivers", "runlog._rebuild", "runlog._reconcile", "_batch", "_agent", "integrations"]),
     ("observers", ["otel", "_report"]),
     ("entry", ["", "__main__", "cli", "_commands", "drill", "testing"]),
 ]

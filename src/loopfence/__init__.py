@@ -1,7 +1,8 @@
 """loopfence: a fenced LLM tool-calling loop that always ends for a named reason.
 
-    from loopfence import run, Limits, ScriptedModel, tool
-    result = run("Read app/config.py", model=ScriptedModel([...]), tools=[...])
+    from loopfence import Agent, Limits, ScriptedModel, tool
+    agent = Agent(model=ScriptedModel([...]), tools=[...], limits="coding")  # configured once
+    result = agent.run("Read app/config.py")  # any number of tasks (run() takes the same keywords)
     result.stop.reason, result.verdict, result.ledger
     result = await arun(...)  # the core, on a running event loop (same arguments and result)
     async for event in stream(...): ...  # the run's typed events as they happen, ending with the stop
@@ -10,6 +11,7 @@
 
 from typing import Any
 
+from ._agent import Agent
 from ._batch import abatch, batch
 from ._compact import Compaction
 from ._contract import CheckedCall
@@ -27,7 +29,7 @@ from .runlog import RunLog
 from .tools import Registry, Tool, ToolKind, ToolResult, refusal, tool, workspace_tools
 
 __all__ = [
-    "CheckedCall", "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model",
+    "Agent", "CheckedCall", "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model",
     "OpenAIModel", "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "RunState", "RunStream",
     "RunView", "ScriptedModel", "Stop", "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate",
     "Usage", "Verdict", "abatch", "approve_all", "arun", "batch", "deny_all", "instrument", "mcp_tools",

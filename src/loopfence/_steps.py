@@ -84,13 +84,16 @@ def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limit
 
 
 def config_of(cls: type[C], value: C | Mapping[str, Any] | None, what: str) -> C:
-    """`limits=` or `policy=` as run() takes it: the class's instance, None (its defaults), or a
-    mapping of its field names (the others keep their defaults). TypeError for anything else,
-    ValueError naming every unknown key, before the run starts."""
+    """`limits=` or `policy=` as run() takes it: the class's instance, None (its defaults), a
+    mapping of its field names (the others keep their defaults), or for limits a profile's name
+    (`"coding"`: `Limits.profile`). TypeError for anything else, ValueError naming every unknown
+    key or profile, before the run starts."""
     if value is None:
         return cls()
     if isinstance(value, cls):
         return value
+    if isinstance(value, str) and cls is Limits:
+        return Limits.profile(value)  # type: ignore[return-value]
     if not isinstance(value, Mapping):
         raise TypeError(f"{what} must be a {cls.__name__} or a dict of its fields (e.g. {what}="
                         f"{cls.__name__}(...) or {what}={{...}}), got {type(value).__name__}")

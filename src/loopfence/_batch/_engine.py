@@ -32,6 +32,7 @@ from .._aio import run_sync
 from .._json import dumps, loads
 from .._limits import Limits, Policy
 from .._loop import check_price
+from .._steps import config_of
 from .._prices import PriceError, PricesArg, load_prices
 from .._stops import StopReason
 from .._drivers._resume import resume
@@ -69,20 +70,21 @@ class BatchResult:
 async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | None = None, *,
                  model: ModelSource, out: str | Path, tools: ToolSource = (), concurrency: int = 16,
                  resume: bool = False, retry_stops: Iterable[str | StopReason] = (), max_retries: int = 1,
-                 limits: Limits | None = None, policy: Policy | None = None,
+                 limits: Limits | Mapping[str, Any] | str | None = None, policy: Policy | None = None,
                  params: dict[str, Any] | None = None, keep_workspaces: bool = False,
                  on_start: Callable[[int, int], None] | None = None,
                  on_result: Callable[[EpisodeResult], None] | None = None,
                  settings: dict[str, Any] | None = None, drain: asyncio.Event | None = None,
                  prices: PricesArg = None, header: dict[str, Any] | None = None, backend: str = "local",
-                 ray_address: str | None = None, ray_workers: int | None = None) -> BatchResult:
+                 ray_address: str | None = None, ray_workers: int | None = None,
+                 run_options: Mapping[str, Any] | None = None) -> BatchResult:
     """Run every episode (a JSONL path, or episodes in Python) into the folder `out`; the core.
 
     model: a Model shared by every episode (it must serve concurrent requests, as OpenAIModel does),
       or a factory called with each Episode (per-episode settings, a replica each).
     tools: custom tools for every episode, or a factory `(episode, workspace or None) -> tools`;
       an episode's `tools` names pick among them and the built-ins.
-    limits/policy/params: the defaults under each episode's own.
+    limits/policy/params: the defaults under each episode's own (limits: also a profile's name).
     resume: continue the job in `out` (episodes None: the ones it was started with).
     on_start(total, done_before) and on_result(row): progress hooks, called on the loop.
     settings: recorded in job.json (the CLI keeps its flags there for `--resume`).
@@ -90,6 +92,8 @@ async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | 
     prices: the price table for `Limits(max_cost_usd=...)` and the rows' `cost_usd` (as `run()` takes
       it); a model with no price under a cost budget is a BatchError before anything runs.
     header: more for each episode log's header (e.g. the MCP servers' `McpTools.header()`).
+    run_options: more of arun()'s keywords for every episode (gate, approve, compaction, guards,
+      executor, on_event; system where the episode has none): what an `Agent.batch` carries.
     backend: "local" (this event loop) or "ray" (`loopfence[ray]`): each fresh attempt runs on one of
       `ray_workers` Ray actors (default: one per CPU Ray has), each running many episodes on its own
       event loop; Ray is started here (`ray.init(address=ray_address)`) unless it already is. The
@@ -111,8 +115,9 @@ async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | 
     results = ResultsFile(folder / RESULTS)
     try:
         prices = load_prices(prices) if isinstance(prices, (str, Path)) else prices  # read once, not per episode
-        kit = Kit.of(model, tools, limits=limits or Limits(), policy=policy or Policy(), params=dict(params or {}),
-                     prices=prices, header=dict(header or {}))
+        kit = Kit.of(model, tools, limits=config_of(Limits, limits, "limits"), policy=policy or Policy(),
+                     params=dict(params or {}), prices=prices, header=dict(header or {}),
+                     run_options=dict(run_options or {}))
         if not kit.is_factory:  # the check each episode's run makes at its start, once, before the folder
             check_price(kit.model, kit.limits, prices, kit.params)  # type: ignore[arg-type]
     except (PriceError, ValueError) as exc:
@@ -160,19 +165,21 @@ async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | 
 
 def batch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | None = None, *, model: ModelSource,
           out: str | Path, tools: ToolSource = (), concurrency: int = 16, resume: bool = False,
-          retry_stops: Iterable[str | StopReason] = (), max_retries: int = 1, limits: Limits | None = None,
+          retry_stops: Iterable[str | StopReason] = (), max_retries: int = 1,
+          limits: Limits | Mapping[str, Any] | str | None = None,
           policy: Policy | None = None, params: dict[str, Any] | None = None, keep_workspaces: bool = False,
           on_start: Callable[[int, int], None] | None = None,
           on_result: Callable[[EpisodeResult], None] | None = None,
           settings: dict[str, Any] | None = None, prices: PricesArg = None,
           header: dict[str, Any] | None = None, backend: str = "local", ray_address: str | None = None,
-          ray_workers: int | None = None) -> BatchResult:
+          ray_workers: int | None = None, run_options: Mapping[str, Any] | None = None) -> BatchResult:
     """`abatch` from sync code (an event loop of its own; on a helper thread inside a running loop)."""
     return run_sync(abatch(episodes, model=model, out=out, tools=tools, concurrency=concurrency, resume=resume,
                            retry_stops=retry_stops, max_retries=max_retries, limits=limits, policy=policy,
                            params=params, keep_workspaces=keep_workspaces, on_start=on_start,
                            on_result=on_result, settings=settings, prices=prices, header=header,
-                           backend=backend, ray_address=ray_address, ray_workers=ray_workers))
+                           backend=backend, ray_address=ray_address, ray_workers=ray_workers,
+                           run_options=run_options))
 
 
 # -- the folder ------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ class Kit:
     params: dict[str, Any] = field(default_factory=dict)
     prices: PricesArg = None
     header: dict[str, Any] = field(default_factory=dict)
+    run_options: dict[str, Any] = field(default_factory=dict)  # more arun() keywords (an Agent's)
 
     @classmethod
     def of(cls, model: ModelSource, tools: ToolSource, **settings: Any) -> Kit:
@@ -98,9 +99,9 @@ class Kit:
                                                            else str(folder.resolve())}}
         if ws is not None:
             header["workspace"] = str(ws)
+        options = {**self.run_options, **({"system": ep.system} if ep.system is not None else {})}
         result = await arun(ep.task, model=model, tools=tools, limits=limits, policy=ep.effective_policy(self.policy),
-                            system=ep.system, params=params, log=log, header=header,
-                            prices=self.prices)
+                            params=params, log=log, header=header, prices=self.prices, **options)
         return EpisodeResult.of_run(ep.id, result, ep.metadata, attempts, rel)
 
 

@@ -1,0 +1,143 @@
+"""`Agent`: configured and checked once, then many tasks (run, arun, stream, batch), one connection
+pool for all its runs, frozen, with per-call changes and the named limit profiles."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _http_support import CountingServer, counting_server
+
+from loopfence import Agent, Limits, ScriptedModel, StopReason, Verdict, batch, run, tool
+from loopfence.models import OpenAIModel
+from loopfence.testing import calls_reply, text_reply, tool_call
+
+
+@pytest.fixture
+def server() -> Iterator[CountingServer]:
+    with counting_server() as srv:
+        yield srv
+
+
+def _endpoint(server: CountingServer) -> OpenAIModel:
+    return OpenAIModel(server.base_url, "m")
+
+
+def _header(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text().splitlines()[0])
+
+
+def test_one_agent_runs_many_tasks_under_one_configuration(server: CountingServer, tmp_path: Path) -> None:
+    with Agent(model=_endpoint(server), system="Be brief.", limits={"max_steps": 4}, log=tmp_path / "runs") as agent:
+        results = [agent.run(f"task {i}") for i in range(3)]
+        results.append(asyncio.run(agent.arun("task 3")))
+    assert [r.final_answer for r in results] == ["ok"] * 4
+    assert [b["messages"][0] for b in server.bodies] == [{"role": "system", "content": "Be brief."}] * 4
+    assert [b["messages"][1]["content"] for b in server.bodies] == [f"task {i}" for i in range(4)]
+    logs = sorted((tmp_path / "runs").glob("run-*.jsonl"))  # a log of its own for each run
+    assert len(logs) == 4 and sorted(str(r.log_path) for r in results) == [str(p) for p in logs]
+    assert {_header(p)["limits"]["max_steps"] for p in logs} == {4}
+
+
+def test_sequential_runs_of_one_agent_share_one_connection(server: CountingServer) -> None:
+    with Agent(model=_endpoint(server)) as agent:
+        stops = {agent.run(f"task {i}").stop.reason for i in range(100)}
+    assert stops == {StopReason.FINAL_ANSWER} and len(server.bodies) == 100
+    assert server.accepted == 1
+
+
+def test_async_runs_of_one_agent_share_one_connection(server: CountingServer) -> None:
+    agent = Agent(model=_endpoint(server))
+
+    async def main() -> set[StopReason]:
+        try:
+            return {(await agent.arun(f"task {i}")).stop.reason for i in range(20)}
+        finally:
+            await agent.model.aclose()  # type: ignore[attr-defined]
+    assert asyncio.run(main()) == {StopReason.FINAL_ANSWER}
+    assert server.accepted == 1
+
+
+def test_the_agent_is_frozen() -> None:
+    agent = Agent(model=ScriptedModel([text_reply("done")]), params={"temperature": 0})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        agent.limits = Limits(max_steps=1)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        agent.params["temperature"] = 1  # type: ignore[index]
+    assert agent.params == {"temperature": 0}
+
+
+def test_a_call_changes_a_setting_for_itself_only(tmp_path: Path) -> None:
+    loop_reply = calls_reply(tool_call("ping"))
+    agent = Agent(model=ScriptedModel([loop_reply, loop_reply, text_reply("done")]), tools=[tool(ping)])
+    short = agent.run("ping until told", limits={"max_steps": 1}, log=tmp_path / "one.jsonl")
+    assert short.stop.reason is StopReason.MAX_STEPS and short.log_path == str(tmp_path / "one.jsonl")
+    assert _header(tmp_path / "one.jsonl")["limits"]["max_steps"] == 1
+    assert agent.limits == Limits() and agent.log is None
+    assert agent.run("go on").verdict is Verdict.SHIP  # the agent's own limits again: the script ends
+    with pytest.raises(TypeError, match="'max_step'"):
+        agent.run("x", max_step=3)
+
+
+def ping() -> str:
+    """Answer pong."""
+    return "pong"
+
+
+def test_batch_takes_the_agent(server: CountingServer, tmp_path: Path) -> None:
+    episodes = [{"id": "a", "task": "first"}, {"id": "b", "task": "second", "system": "Its own."}]
+    with Agent(model=_endpoint(server), system="Be brief.", limits="chat") as agent:
+        done = agent.batch(episodes, out=tmp_path / "job", concurrency=1)
+    assert [(r.id, r.verdict, r.final_answer) for r in done.rows] == [("a", "SHIP", "ok"), ("b", "SHIP", "ok")]
+    systems = sorted(b["messages"][0]["content"] for b in server.bodies)
+    assert systems == ["Be brief.", "Its own."]  # the agent's system where the episode has none
+    headers = [_header(tmp_path / "job" / r.log) for r in done.rows]  # type: ignore[operator]
+    assert [h["limits"] for h in headers] == [Limits.chat().to_json()] * 2
+    assert server.accepted == 1  # the batch ran on the agent's loop, over its pool
+
+
+def test_the_named_profiles_are_taken_everywhere(tmp_path: Path) -> None:
+    assert Agent(model=ScriptedModel([text_reply("x")]), limits="coding").limits == Limits.coding()
+    assert Agent(model=ScriptedModel([text_reply("x")]), limits=Limits.chat()).limits == Limits.chat()
+    run("t", model=ScriptedModel([text_reply("x")]), limits="coding", log=tmp_path / "r.jsonl")
+    assert _header(tmp_path / "r.jsonl")["limits"] == Limits.coding().to_json()
+    done = batch([{"id": "e", "task": "t"}], model=ScriptedModel([text_reply("x")]), out=tmp_path / "job",
+                 limits="coding")
+    assert _header(tmp_path / "job" / done.rows[0].log)["limits"] == Limits.coding().to_json()  # type: ignore[operator]
+
+
+def test_bad_settings_raise_when_the_agent_is_made(tmp_path: Path) -> None:
+    model = ScriptedModel([text_reply("x")])
+    with pytest.raises(TypeError, match="not a name"):
+        Agent(model="gpt-4o")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'max_stepz'"):
+        Agent(model=model, limits={"max_stepz": 3})
+    with pytest.raises(ValueError, match="unknown limit profile 'huge'.*coding"):
+        Agent(model=model, limits="huge")
+    with pytest.raises(ValueError, match="max_steps"):
+        Agent(model=model, limits={"max_steps": -1})
+    with pytest.raises(ValueError, match="'ping' is registered twice"):
+        Agent(model=model, tools=[ping, ping])
+    with pytest.raises(ValueError, match="is a folder"):
+        Agent(model=model, log=tmp_path / "run.jsonl")
+    with pytest.raises(ValueError, match="price"):
+        Agent(model=model, limits={"max_cost_usd": 1.0})
+
+
+def test_the_agent_streams_a_run() -> None:
+    agent = Agent(model=ScriptedModel([text_reply("one"), text_reply("two")]), system="S.")
+    events = agent.stream("first")
+    assert [e.event for e in events][-1] == "stop" and events.result is not None
+    assert events.result.final_answer == "one" and events.result.messages[0]["content"] == "S."
+
+    async def main() -> str | None:
+        async with agent.stream("second", system="T.") as run:
+            async for _ in run:
+                pass
+        return run.result.final_answer if run.result else None
+    assert asyncio.run(main()) == "two"
