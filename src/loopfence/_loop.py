@@ -26,8 +26,8 @@ from ._steps import (announce, close_reply, deliver_note, describe_model, end_tu
                      open_request, run_call, set_price, settle, settle_contract, start)
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import ON_RETRY, Model
-from .runlog._schema import LogEvent
-from .runlog._writer import Abandoned, LogWriteError, RunLog
+from ._log._schema import LogEvent
+from ._log._writer import Abandoned, LogWriteError, RunLog
 from .tools._executor import Executor, ToolResult
 from .tools._registry import Registry, Tool
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ._loop import arun
 from ._stops import RunResult
-from .runlog._schema import LogEvent, StopLine
+from ._log._schema import LogEvent, StopLine
 
 __all__ = ["stream", "RunStream"]
 

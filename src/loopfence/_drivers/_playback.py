@@ -33,6 +33,11 @@ from .._gate import Taint, UntrustedGate, taint_why
 from .._guards import Guard, Guards, default_guards
 from .._json import canonical_json, dumps
 from .._limits import Limits
+from .._log._events import CallEvent, Event, Header, LogError, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from .._log._large import KEYED, compared
+from .._log._reader import RunLogFile
+from .._log._segments import bookkeeping_start, last_answer_index
+from .._log._writer import Abandoned, RunLog
 from .._loop import drive, new_state
 from .._messages import Reply, Request
 from .._prices import PriceBook, PriceError
@@ -41,12 +46,7 @@ from .._stops import RunResult, Stop, StopError, StopReason
 from ..models._base import Model
 from ..tools._executor import Executor, ToolResult
 from ..tools._registry import Registry, Tool, ToolKind
-from ..runlog._events import CallEvent, Event, Header, LogError, ReplyEvent, RequestEvent, ResultEvent, StopEvent
-from ..runlog._large import KEYED, compared
-from ..runlog._reader import RunLogFile
-from ..runlog._rebuild import RecordedFn, compaction_of, gate_of, messages_of, policy_of
-from ..runlog._segments import bookkeeping_start, last_answer_index
-from ..runlog._writer import Abandoned, RunLog
+from ._rebuild import RecordedFn, compaction_of, gate_of, messages_of, policy_of
 
 __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
            "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "Playback", "RecordedEnd", "comparable",

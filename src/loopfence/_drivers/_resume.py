@@ -24,20 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from .._guards import Guard, default_guards
-from .._loop import drive, new_state
 from .._limits import Limits
+from .._log._events import LogError, StopEvent
+from .._log._reader import RunLogFile, read_log
+from .._log._segments import REOPENABLE, bookkeeping_start
+from .._log._writer import RunLog
+from .._loop import drive, new_state
 from .._stops import RunResult
 from ..models._base import Model
 from ..tools._executor import Executor
 from ..tools._registry import Tool, ToolKind
-from ..runlog._events import LogError, StopEvent
 from ._playback import (Diverged, PlaybackApproval, PlaybackExecutor, PlaybackLog, PlaybackModel,
                         PlaybackSignal, Recording, priced)
-from ..runlog._reader import RunLogFile, read_log
-from ..runlog._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
+from ._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
                        model_of, policy_of, workspace_tools_of)
-from ..runlog._segments import REOPENABLE, bookkeeping_start
-from ..runlog._writer import RunLog
 
 __all__ = ["resume", "ResumeOutcome", "ResumeError", "recorded_workspace_tools"]
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..runlog._large import call_text
-from ..runlog._reader import read_log
-from ..runlog._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
+from .._log._large import call_text
+from .._log._reader import read_log
+from .._log._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
                               ResumeLine, RetryLine, StopLine, parse_line)
 from ._html import bar_chart, clip, esc, fmt_num, fmt_s, page, stacked_chart
 

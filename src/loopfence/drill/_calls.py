@@ -7,7 +7,7 @@ from typing import Any
 
 from .._json import canonical_json, loads, loads_object
 from .._messages import Reply, ReplyFormatError
-from ..runlog._large import call_text
+from .._log._large import call_text
 
 __all__ = ["CallRecord", "calls_from_events"]
 
