@@ -80,7 +80,7 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
 
     gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
     compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables);
-    on_event: called with each typed event (runlog._schema) as it is written, header to stop;
+    on_event: called with each typed event (_log._schema) as it is written, header to stop;
     prices: the price table for the cost budget (`Limits(max_cost_usd=...)`): a mapping
     `{"model": (input_per_mtok, output_per_mtok)}` ("*": any model nothing else prices) or a TOML
     file's path, over the `genai-prices` package's table. With a cost budget (or a table) the ledger

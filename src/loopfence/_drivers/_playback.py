@@ -105,7 +105,7 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
         out.pop(k, None)
     if isinstance(out.get("key"), str):  # logs written before keys normalized numbers: `30.0` is `30`
         out["key"] = _canonical_key(out["key"])
-    if out.get("event") in KEYED:  # a large value is stored once (runlog/_large.py): older logs, whole
+    if out.get("event") in KEYED:  # a large value is stored once (_log/_large.py): older logs, whole
         compared(out)
     if out.get("event") == "gate" and out.get("decision") == "tainted":
         # how the live tools knew (a file's provenance in the workspace, the --trust hint) is prose
@@ -218,7 +218,7 @@ class Recording:
 
 
 def _settled_index(events: tuple[Event, ...]) -> int:
-    """Index of the last event before the stop that is not the stop's bookkeeping (runlog/_segments);
+    """Index of the last event before the stop that is not the stop's bookkeeping (_log/_segments);
     len(events) when the events do not end with a stop."""
     start = bookkeeping_start(events)
     return start - 1 if start < len(events) else start

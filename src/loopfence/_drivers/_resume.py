@@ -86,7 +86,7 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
     header's model settings.
 
     reopen: a run that ended `endpoint_error` or `cancelled` goes on past that stop (a new segment
-      in the same log, after a `resume` event that names the stop's line; runlog/_segments); any
+      in the same log, after a `resume` event that names the stop's line; _log/_segments); any
       other stop means the run is over (`ended`).
     limits: limit overrides by name (`{"max_steps": 20}`, values as `Limits` takes them), recorded in
       the resume event's `overrides` so replay, reconcile and the next resume apply them too; a

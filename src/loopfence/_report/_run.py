@@ -5,7 +5,7 @@ against its limit; the per-turn prompt/completion token chart; the timeline of s
 collapsed <details>: the request's prompt estimate and reported tokens, retries, the reply, every
 call with its decision and collapsed arguments and result); gate and compaction decisions; retries.
 A log cut off before its stop (a killed process) reads tolerantly and says so. A log `resume`
-continued past a stop (runlog/_segments.py) shows every segment's stop, and its budgets are judged
+continued past a stop (_log/_segments.py) shows every segment's stop, and its budgets are judged
 against the limits the run went on with.
 """
 

@@ -36,7 +36,7 @@ class CallRecord:
 
 
 def _arguments(e: dict[str, Any], text: str | None = None) -> Any:
-    """`text`: the raw arguments a call event left in its reply (runlog/_large.py)."""
+    """`text`: the raw arguments a call event left in its reply (_log/_large.py)."""
     if isinstance(e.get("arguments"), dict):
         return e["arguments"]
     key, name = e.get("key"), e.get("name", "")
