@@ -50,8 +50,8 @@ def _logs_match_the_published_schema() -> Iterator[None]:
     jsonschema (not with loopfence's own models): the schema cannot drift from the writer."""
     from loopfence._json import dumps
     from loopfence.cli import cli  # noqa: F401 - the schema as the command prints it
-    from loopfence.runlog import _writer
-    from loopfence.runlog._schema import events_schema
+    from loopfence._log import _writer
+    from loopfence._log._schema import events_schema
 
     schema = json.loads(dumps(events_schema()))
     cls = jsonschema.validators.validator_for(schema)

@@ -4,7 +4,7 @@ A response body is read within `OpenAIModel(max_response_bytes=...)` (32 MiB by 
 it arrives: a 55 MB reply, streamed or not, ends with a named endpoint_error that gives the size and
 the cap, and the log reconciles. A reply under the cap with large arguments is stored once (in the
 reply event; the call, gate and nudge events hold a digest of the key and leave the rest out,
-runlog/_large.py): the log stays about the size of the arguments, and reconcile, replay, resume,
+_log/_large.py): the log stays about the size of the arguments, and reconcile, replay, resume,
 the report and the drill table read it, as they read logs written whole."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from loopfence import Limits, RunLog, StopReason, run, workspace_tools
 from loopfence.drill._calls import calls_from_events
 from loopfence.models import OpenAIModel, Timeouts
 from loopfence.runlog import read_log, reconcile, replay, resume
-from loopfence.runlog import _writer
+from loopfence._log import _writer
 from loopfence.testing import FakeServer, calls_reply, text_reply, tool_call
 from loopfence._report._run import read_run
 
@@ -186,7 +186,7 @@ def test_large_arguments_are_stored_once_and_the_log_reads_back(ws: Path, stream
     gate = next(r for r in records if r["event"] == "gate")
     assert gate["key"] == call["key"]
     # the readers rebuild the text from the reply
-    from loopfence.runlog._large import call_text
+    from loopfence._log._large import call_text
 
     assert json.loads(call_text(records)[call["seq"]])["content"] == content
     view = read_run(log)
@@ -223,7 +223,7 @@ def test_a_log_written_whole_still_replays(ws: Path, monkeypatch: pytest.MonkeyP
 
 # ------------------------------------------------------------------ the rule, as a property
 
-LARGE = 64 << 10  # runlog/_large.py's LARGE_CHARS
+LARGE = 64 << 10  # _log/_large.py's LARGE_CHARS
 _TEXT = st.text(st.characters(codec="utf-8"), max_size=40)
 
 
@@ -231,7 +231,7 @@ _TEXT = st.text(st.characters(codec="utf-8"), max_size=40)
 @given(pad=st.integers(LARGE - 40, LARGE + 40), tail=_TEXT, same=st.booleans(),
        cid=st.sampled_from(["call_0", "c1"]))
 def test_shrink_keeps_exactly_what_the_readers_cannot_rebuild(pad: int, tail: str, same: bool, cid: str) -> None:
-    from loopfence.runlog._large import LARGE_CHARS, call_text, compared, shrink, short_key
+    from loopfence._log._large import LARGE_CHARS, call_text, compared, shrink, short_key
 
     assert LARGE_CHARS == LARGE
     raw_args = json.dumps({"s": "z" * pad + tail})

@@ -77,7 +77,7 @@ def test_the_stream_yields_typed_events_in_order_ending_with_the_stop(tmp_path: 
     import asyncio
 
     from loopfence import ScriptedModel, stream
-    from loopfence.runlog._schema import CallLine, Decision, HeaderLine, ResultLine, StopLine
+    from loopfence._log._schema import CallLine, Decision, HeaderLine, ResultLine, StopLine
     from loopfence.testing import calls_reply, tool_call
 
     ws = make_workspace(tmp_path)
@@ -98,7 +98,7 @@ def test_the_stream_yields_typed_events_in_order_ending_with_the_stop(tmp_path: 
 
 
 def test_on_event_sees_a_retry_as_it_happens(tmp_path: Path) -> None:
-    from loopfence.runlog._schema import RetryLine
+    from loopfence._log._schema import RetryLine
 
     seen: list = []
     with FakeServer([RATE_LIMITED, text_reply("all done")]) as srv, OpenAIModel(srv.base_url, "fake") as model:

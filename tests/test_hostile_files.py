@@ -18,7 +18,7 @@ import pytest
 
 from loopfence import RunLog, ScriptedModel, StopReason, run
 from loopfence.runlog import read_log, reconcile
-from loopfence.runlog._rebuild import workspace_tools_of
+from loopfence._drivers._rebuild import workspace_tools_of
 from loopfence.testing import calls_reply, text_reply, tool_call
 from loopfence.tools import Executor, Tool, ToolResult, workspace_tools
 from loopfence.tools._html import MAX_HTML_CHARS, html_to_text, looks_like_html

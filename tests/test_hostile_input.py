@@ -290,7 +290,7 @@ def test_a_disk_that_fills_mid_run_stops_it_and_resume_finishes_it(tmp_path: Pat
 
 
 def test_the_python_api_raises_the_write_error_and_writes_nothing_after_it(tmp_path: Path, ws: Path) -> None:
-    from loopfence.runlog._writer import LogWriteError
+    from loopfence._log._writer import LogWriteError
 
     with pytest.raises(LogWriteError, match="/dev/full"):
         run("t", model=ScriptedModel([text_reply("done")]), tools=workspace_tools(ws), log="/dev/full")

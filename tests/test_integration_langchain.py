@@ -31,7 +31,7 @@ from loopfence.integrations import FenceStop
 from loopfence.integrations.langchain import FenceMiddleware, LangChainFenceStop, recorded_model, scripted_model
 from loopfence.integrations.langchain import _parameters
 from loopfence.runlog import read_log
-from loopfence.runlog._schema import ResultLine, StopLine
+from loopfence._log._schema import ResultLine, StopLine
 
 from _integration_support import (CAP, DRAWN_TURNS, drawn_script, ends_at_the_frameworks_limit, gated_tools,
                                   reaches_its_answer, reconciles, replays_reports_and_exports, runs_like_the_ring,

@@ -84,7 +84,7 @@ def test_a_held_line_is_written_at_close_and_by_flush(tmp_path: Path) -> None:
 
 
 def test_a_failed_write_names_only_the_lines_really_written() -> None:
-    from loopfence.runlog._writer import LogWriteError
+    from loopfence._log._writer import LogWriteError
 
     f = _fields()
     log = RunLog("/dev/full")

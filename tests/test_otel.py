@@ -32,7 +32,7 @@ from loopfence._json import fingerprint  # noqa: E402
 from loopfence.cli import cli  # noqa: E402
 from loopfence.models import OpenAIModel  # noqa: E402
 from loopfence.otel import Instrumentation, instrument, spans_from_log, to_otlp_json  # noqa: E402
-from loopfence.runlog._schema import parse_line  # noqa: E402
+from loopfence._log._schema import parse_line  # noqa: E402
 from loopfence.testing import FakeServer, calls_reply, text_reply, tool_call  # noqa: E402
 
 RATE_LIMITED = {"status": 429, "body": {}, "headers": {"retry-after-ms": "50"}}

@@ -10,7 +10,7 @@ import pytest
 from loopfence import Limits, StopReason, workspace_tools
 from loopfence.cli import cli
 from loopfence.runlog import LogError, reconcile
-from loopfence.runlog._reconcile import INVARIANTS
+from loopfence._drivers._reconcile import INVARIANTS
 
 from _runlog_support import (config_script, counter_script, counter_tools, edit_events, make_workspace,
                              read_lines, record, stop_scenarios)

@@ -72,9 +72,9 @@ def _fix_ledger(events: list[dict[str, Any]]) -> None:
 
 # ---------------------------------------------------------------------------- no second copy
 def test_there_is_no_second_copy_of_the_stop_rules() -> None:
-    assert importlib.util.find_spec("loopfence.runlog._stopcheck") is None
+    assert importlib.util.find_spec("loopfence._drivers._stopcheck") is None
     # the repetition rules are applied by the guards only: nothing that reads logs back uses them
-    for folder in ("runlog", "_drivers"):
+    for folder in ("_log", "_drivers"):
         for path in (SRC / folder).glob("*.py"):
             tree = ast.parse(path.read_text(encoding="utf-8"))
             names = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

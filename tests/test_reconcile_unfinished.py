@@ -11,7 +11,7 @@ import pytest
 from loopfence import Limits, StopReason
 from loopfence.cli import cli
 from loopfence.runlog import reconcile
-from loopfence.runlog._reconcile import INVARIANTS, NEED_THE_STOP
+from loopfence._drivers._reconcile import INVARIANTS, NEED_THE_STOP
 
 from _runlog_support import (config_script, counter_script, counter_tools, edit_events, make_workspace,
                              read_lines, record, write_lines)

@@ -270,7 +270,7 @@ def test_the_same_call_with_nothing_in_between_stops_at_the_third_reply(tmp_path
 def test_a_large_repeated_call_stops_with_its_short_key_and_replays(tmp_path: Path) -> None:
     """A repeated ~1 MB call: the stop names the key's digest form (as the log's call events do), not
     the call twice over; reconcile and replay fold the same short form."""
-    from loopfence.runlog._large import short_key
+    from loopfence._log._large import short_key
     big = tool_call("run_tests", cmd="pytest -q -k " + "x" * 1_000_000)
     r = _run(tmp_path, [calls_reply(big)], _edit_and_test(["1 failed"]), limits=UNBUDGETED)
     key = r.stop.data["key"]
@@ -286,7 +286,7 @@ def test_a_large_repeated_call_stops_with_its_short_key_and_replays(tmp_path: Pa
 def test_a_stop_written_with_the_whole_large_key_still_reconciles_and_replays(tmp_path: Path) -> None:
     """A log written before a stop named a large key by its digest: reconcile and replay compare the
     digest form of the key it wrote (and of the detail that quotes it)."""
-    from loopfence.runlog._large import short_key
+    from loopfence._log._large import short_key
     whole = 'run_tests:{"cmd":"pytest -q -k ' + "x" * 100_000 + '"}'
     big = tool_call("run_tests", cmd="pytest -q -k " + "x" * 100_000)
     _run(tmp_path, [calls_reply(big)], _edit_and_test(["1 failed"]), limits=UNBUDGETED)

@@ -9,7 +9,7 @@ import pytest
 
 from loopfence.cli import cli
 from loopfence.runlog import VERSION, LogError, read_log
-from loopfence.runlog._events import CallEvent, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from loopfence._log._events import CallEvent, ReplyEvent, RequestEvent, ResultEvent, StopEvent
 
 from _runlog_support import config_script, make_workspace, read_lines, record, write_lines
 

@@ -150,7 +150,7 @@ def test_report_command_reads_the_log_once(run_log: Path, tmp_path: Path, monkey
     """The order check and the page read the same lines: one read of the log (up to 256 MiB), not two."""
     import loopfence._commands.report as command
     import loopfence._report._run as page
-    from loopfence.runlog._reader import read_log
+    from loopfence._log._reader import read_log
     reads: list[str] = []
 
     def counted(path: Any, *args: Any, **kw: Any) -> Any:

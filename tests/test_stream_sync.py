@@ -12,7 +12,7 @@ import pytest
 
 from loopfence import ScriptedModel, StopReason, stream, tool, workspace_tools
 from loopfence.runlog import read_log, reconcile
-from loopfence.runlog._schema import StopLine
+from loopfence._log._schema import StopLine
 from loopfence.testing import calls_reply, text_reply, tool_call
 
 from _runlog_support import make_workspace

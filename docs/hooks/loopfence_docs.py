@@ -101,7 +101,7 @@ def _missing_events(markdown: str) -> list[str]:
     """Every event kind has a `### `kind`` section, and it names each field of that kind's model."""
     import typing
 
-    from loopfence.runlog._schema import EVENT_KINDS, LogEvent
+    from loopfence._log._schema import EVENT_KINDS, LogEvent
 
     sections = dict(re.findall(r"^###\s+`([a-z_]+)`\s*\n(.*?)(?=^#{1,3}\s|\Z)", markdown, re.MULTILINE | re.DOTALL))
     missing = [kind for kind in EVENT_KINDS if kind not in sections]

@@ -17,23 +17,25 @@ from ._compact import Compaction
 from ._contract import CheckedCall
 from ._gate import UntrustedGate, approve_all, deny_all
 from ._guards import Guard, RunView
-from ._limits import Ledger, LedgerSnapshot, Limits, Policy
+from ._limits import LedgerSnapshot, Limits, Policy
+from ._log import RunLog
 from ._loop import arun, run
 from ._messages import Reply, Request, ToolCall, Usage
-from ._state import RunState
 from ._stops import RunResult, Stop, StopReason, Verdict
 from ._stream import RunStream, stream
 from .mcp import mcp_tools  # tools from MCP servers (loopfence[mcp]); the SDK loads when a group opens
 from .models import Model, ScriptedModel
-from .runlog import RunLog
 from .tools import Registry, Tool, ToolKind, ToolResult, refusal, tool, workspace_tools
 
+# What users need: what the docs' examples import, the types a custom model or guard is written with,
+# and what a run returns. Internals (the ring's RunState, the mutable Ledger behind a guard's
+# `s.ledger`) import from their modules. `loopfence.instrument` (loopfence[otel]) is left out so that
+# `from loopfence import *` works on an install without extras (tests/test_public_api.py).
 __all__ = [
-    "Agent", "CheckedCall", "Compaction", "Guard", "Ledger", "LedgerSnapshot", "Limits", "LocalModel", "Model",
-    "OpenAIModel", "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "RunState", "RunStream",
-    "RunView", "ScriptedModel", "Stop", "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate",
-    "Usage", "Verdict", "abatch", "approve_all", "arun", "batch", "deny_all", "instrument", "mcp_tools",
-    "refusal", "run", "stream", "tool", "workspace_tools",
+    "Agent", "CheckedCall", "Compaction", "Guard", "LedgerSnapshot", "Limits", "LocalModel", "Model", "OpenAIModel",
+    "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "RunStream", "RunView", "ScriptedModel", "Stop",
+    "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate", "Usage", "Verdict", "abatch",
+    "approve_all", "arun", "batch", "deny_all", "mcp_tools", "refusal", "run", "stream", "tool", "workspace_tools",
 ]
 __version__ = "0.1.0"
 
@@ -44,7 +46,7 @@ def __getattr__(name: str) -> Any:
         from . import models
 
         return getattr(models, name)
-    if name == "instrument":  # OpenTelemetry (loopfence[otel]) loads only when asked for
+    if name == "instrument":  # OpenTelemetry (loopfence[otel]) loads only when asked for: not in __all__
         from .otel import instrument
 
         return instrument

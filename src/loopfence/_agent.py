@@ -36,8 +36,8 @@ from ._steps import config_of
 from ._stops import RunResult
 from ._stream import RunStream
 from .models._base import Model
-from .runlog._schema import LogEvent
-from .runlog._writer import RunLog
+from ._log._schema import LogEvent
+from ._log._writer import RunLog
 from .tools._executor import Executor
 from .tools._registry import Registry, Tool
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._contract import requested_max_tokens
 from ._repeats import CycleTrail, RepeatCounts, Streak, call_text, describe_cycle, outcome_fingerprint
 from ._stops import Stop, StopReason
-from .runlog._large import short_key
+from ._log._large import short_key
 from .tools._executor import refusal
 from .tools._registry import ToolKind
 

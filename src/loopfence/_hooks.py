@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .runlog._schema import LogEvent
+    from ._log._schema import LogEvent
 
 __all__ = ["RunHook", "add_run_hook", "remove_run_hook", "run_hooks", "with_run_hooks"]
 

@@ -26,8 +26,8 @@ from ._steps import (announce, close_reply, deliver_note, describe_model, end_tu
                      open_request, run_call, set_price, settle, settle_contract, start)
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import ON_RETRY, Model
-from .runlog._schema import LogEvent
-from .runlog._writer import Abandoned, LogWriteError, RunLog
+from ._log._schema import LogEvent
+from ._log._writer import Abandoned, LogWriteError, RunLog
 from .tools._executor import Executor, ToolResult
 from .tools._registry import Registry, Tool
 
@@ -80,7 +80,7 @@ def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limit
 
     gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
     compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables);
-    on_event: called with each typed event (runlog._schema) as it is written, header to stop;
+    on_event: called with each typed event (_log._schema) as it is written, header to stop;
     prices: the price table for the cost budget (`Limits(max_cost_usd=...)`): a mapping
     `{"model": (input_per_mtok, output_per_mtok)}` ("*": any model nothing else prices) or a TOML
     file's path, over the `genai-prices` package's table. With a cost budget (or a table) the ledger

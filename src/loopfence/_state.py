@@ -15,7 +15,7 @@ from ._limits import Ledger, Limits, Policy
 from ._messages import Reply, Request, ToolCall
 from ._prices import Price, PriceBook, PriceError
 from ._tokens import TokenEstimator, text_units
-from .runlog._writer import RunLog
+from ._log._writer import RunLog
 from .tools._executor import ResultCache, ToolResult
 from .tools._registry import Registry, ToolKind
 

@@ -31,8 +31,8 @@ from ._prices import PricesArg, price_book
 from ._repeats import outcome_fingerprint
 from ._state import RunState
 from ._stops import RunResult, Stop, StopReason
-from .runlog._schema import LogEvent
-from .runlog._writer import FORMAT, VERSION, RunLog
+from ._log._schema import LogEvent
+from ._log._writer import FORMAT, VERSION, RunLog
 from .tools._executor import Executor, ToolResult, error_result, refusal
 from .tools._registry import Registry, Tool, ToolKind
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ._loop import arun
 from ._stops import RunResult
-from .runlog._schema import LogEvent, StopLine
+from ._log._schema import LogEvent, StopLine
 
 __all__ = ["stream", "RunStream"]
 
@@ -181,7 +181,7 @@ def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
 
 
 def stream(task: str, **kwargs: Any) -> RunStream:
-    """`arun(task, **kwargs)` as a stream of its typed events (loopfence.runlog._schema), ending
+    """`arun(task, **kwargs)` as a stream of its typed events (loopfence._log._schema), ending
     with the stop; the final RunResult is `.result` once the stop has been yielded. `async for` or
     plain `for` (see RunStream)."""
     return RunStream(task, kwargs)

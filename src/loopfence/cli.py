@@ -19,7 +19,7 @@ from . import __version__
 from ._commands import COMMANDS
 from ._commands._common import DETAIL_CHARS, UsageError, stderr
 from ._printable import printable
-from .runlog._writer import LogWriteError
+from ._log._writer import LogWriteError
 
 __all__ = ["cli", "main", "BROKEN_PIPE"]
 

@@ -37,9 +37,9 @@ from .._prices import PriceError, PricesArg, load_prices
 from .._stops import StopReason
 from .._drivers._resume import resume
 from ..models._scripted import ScriptedModel
-from ..runlog._events import LogError
-from ..runlog._reader import read_log
-from ..runlog._writer import LogWriteError
+from .._log._events import LogError
+from .._log._reader import read_log
+from .._log._writer import LogWriteError
 from ._episodes import Episode, EpisodeError, load_episodes, parse_episodes
 from ._kit import Kit, ModelSource, ToolSource, WorkerLost
 from ._results import EpisodeResult, ResultsError, ResultsFile, Summary, summarize

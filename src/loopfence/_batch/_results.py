@@ -20,7 +20,7 @@ from typing import Any
 
 from .._json import dumps, loads
 from .._stops import RunResult, StopReason, Verdict
-from ..runlog._events import StopEvent
+from .._log._events import StopEvent
 
 __all__ = ["EpisodeResult", "ResultsFile", "ResultsError", "Summary", "summarize", "percentile",
            "SUMMARY_FORMAT"]

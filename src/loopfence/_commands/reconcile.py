@@ -23,9 +23,9 @@ from rich.table import Table
 
 from .._json import dumps
 from .._printable import markup, printable, rich_text
-from ..runlog._events import LogError
-from ..runlog._reader import RunLogFile
-from ..runlog._reconcile import INVARIANTS, Reconciliation, out_of_order, reconcile
+from .._log._events import LogError
+from .._log._reader import RunLogFile
+from .._drivers._reconcile import INVARIANTS, Reconciliation, out_of_order, reconcile
 from ._common import DETAIL_CHARS, UsageError, stderr
 
 __all__ = ["add_parser", "main", "print_reconciliation", "reconcile_own_log", "to_json", "warn_out_of_order",

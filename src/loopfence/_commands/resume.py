@@ -14,9 +14,9 @@ from .._stops import Verdict
 from ..mcp import McpUsageError, open_from_args
 from ..mcp import add_flags as add_mcp_flags
 from ..models import Model
-from ..runlog._events import Header, LogError
-from ..runlog._reader import read_log
-from ..runlog._rebuild import ModelRebuildError, model_of
+from .._log._events import Header, LogError
+from .._log._reader import read_log
+from .._drivers._rebuild import ModelRebuildError, model_of
 from .._drivers._resume import recorded_workspace_tools, resume
 from ._common import DETAIL_CHARS, UsageError, limits_from_flags, live_printer, print_answer, print_summary, stderr
 from ._toolspec import load_tools

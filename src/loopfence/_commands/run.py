@@ -20,7 +20,7 @@ from .._stops import Verdict
 from ..mcp import McpUsageError, open_from_args
 from ..mcp import add_flags as add_mcp_flags
 from ..models import Model, ScriptedModel, ScriptError
-from ..runlog import RunLog
+from .._log import RunLog
 from ..tools import workspace_tools
 from ..tools._manifest import snapshot_path
 from ._common import (UsageError, add_profile_flag, check_new_log, default_log_path, limits_from_flags,

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from .._json import dumps
-from ..runlog._schema import events_schema
+from .._log._schema import events_schema
 
 __all__ = ["add_parser", "main"]
 

@@ -33,6 +33,12 @@ from .._gate import Taint, UntrustedGate, taint_why
 from .._guards import Guard, Guards, default_guards
 from .._json import canonical_json, dumps
 from .._limits import Limits
+from .._log._events import CallEvent, Event, Header, LogError, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from .._log._large import KEYED, compared, short_key
+from .._log._reader import RunLogFile
+from .._log._schema import VERSION
+from .._log._segments import bookkeeping_start, last_answer_index
+from .._log._writer import Abandoned, RunLog
 from .._loop import drive, new_state
 from .._messages import Reply, Request
 from .._prices import PriceBook, PriceError
@@ -41,13 +47,7 @@ from .._stops import RunResult, Stop, StopError, StopReason
 from ..models._base import Model
 from ..tools._executor import Executor, ToolResult
 from ..tools._registry import Registry, Tool, ToolKind
-from ..runlog._events import CallEvent, Event, Header, LogError, ReplyEvent, RequestEvent, ResultEvent, StopEvent
-from ..runlog._large import KEYED, compared, short_key
-from ..runlog._reader import RunLogFile
-from ..runlog._schema import VERSION
-from ..runlog._rebuild import RecordedFn, compaction_of, gate_of, messages_of, policy_of
-from ..runlog._segments import bookkeeping_start, last_answer_index
-from ..runlog._writer import Abandoned, RunLog
+from ._rebuild import RecordedFn, compaction_of, gate_of, messages_of, policy_of
 
 __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
            "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "Playback", "RecordedEnd", "comparable",
@@ -106,7 +106,7 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
         out.pop(k, None)
     if isinstance(out.get("key"), str):  # logs written before keys normalized numbers: `30.0` is `30`
         out["key"] = _canonical_key(out["key"])
-    if out.get("event") in KEYED:  # a large value is stored once (runlog/_large.py): older logs, whole
+    if out.get("event") in KEYED:  # a large value is stored once (_log/_large.py): older logs, whole
         compared(out)
     if out.get("event") == "gate" and out.get("decision") == "tainted":
         # how the live tools knew (a file's provenance in the workspace, the --trust hint) is prose
@@ -224,7 +224,7 @@ class Recording:
 
 
 def _settled_index(events: tuple[Event, ...]) -> int:
-    """Index of the last event before the stop that is not the stop's bookkeeping (runlog/_segments);
+    """Index of the last event before the stop that is not the stop's bookkeeping (_log/_segments);
     len(events) when the events do not end with a stop."""
     start = bookkeeping_start(events)
     return start - 1 if start < len(events) else start

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._guards import Guard
-from ..runlog._events import LogError
-from ..runlog._reader import RunLogFile
-from ..runlog._rebuild import gated_names, limits_of, registry_of
+from .._log._events import LogError
+from .._log._reader import RunLogFile
 from ._playback import Playback, RecordingEnded, decisions
+from ._rebuild import gated_names, limits_of, registry_of
 
 __all__ = ["PrefixFold", "fold_prefix"]
 

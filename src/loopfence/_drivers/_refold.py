@@ -39,12 +39,12 @@ from typing import Any
 from .._guards import Guard
 from .._json import dumps
 from .._limits import Limits
+from .._log._events import StopEvent
+from .._log._large import short_key
+from .._log._reader import RunLogFile
 from .._stops import Stop, StopReason
-from ..runlog._events import StopEvent
-from ..runlog._large import short_key
-from ..runlog._reader import RunLogFile
-from ..runlog._rebuild import gated_names, limits_of, registry_of
 from ._playback import Divergence, Playback, PlaybackLog, RecordingEnded, decisions
+from ._rebuild import gated_names, limits_of, registry_of
 
 __all__ = ["Refold", "refold", "FROM_OUTSIDE", "ANYTIME"]
 

@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from .._guards import Guard
+from .._log._events import LogError, StopEvent
+from .._log._reader import RunLogFile, read_log
 from .._stops import RunResult
 from ..tools._executor import Executor
 from ..tools._manifest import (Manifest, ManifestError, compare, recorded_start, relink, restore_known,
                                restore_snapshot)
 from ..tools._registry import Tool
-from ..runlog._events import LogError, StopEvent
 from ._playback import Diverged, Divergence, Playback, RecordingEnded
-from ..runlog._reader import RunLogFile, read_log
-from ..runlog._rebuild import gated_names, limits_of, registry_of, workspace_tools_of
+from ._rebuild import gated_names, limits_of, registry_of, workspace_tools_of
 
 __all__ = ["replay", "ReplayReport", "WorkspaceDiffers"]
 

@@ -24,20 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from .._guards import Guard, default_guards
-from .._loop import drive, new_state
 from .._limits import Limits
+from .._log._events import LogError, StopEvent
+from .._log._reader import RunLogFile, read_log
+from .._log._segments import REOPENABLE, bookkeeping_start
+from .._log._writer import RunLog
+from .._loop import drive, new_state
 from .._stops import RunResult
 from ..models._base import Model
 from ..tools._executor import Executor
 from ..tools._registry import Tool, ToolKind
-from ..runlog._events import LogError, StopEvent
 from ._playback import (Diverged, PlaybackApproval, PlaybackExecutor, PlaybackLog, PlaybackModel,
                         PlaybackSignal, Recording, priced)
-from ..runlog._reader import RunLogFile, read_log
-from ..runlog._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
+from ._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
                        model_of, policy_of, workspace_tools_of)
-from ..runlog._segments import REOPENABLE, bookkeeping_start
-from ..runlog._writer import RunLog
 
 __all__ = ["resume", "ResumeOutcome", "ResumeError", "recorded_workspace_tools"]
 
@@ -86,7 +86,7 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
     header's model settings.
 
     reopen: a run that ended `endpoint_error` or `cancelled` goes on past that stop (a new segment
-      in the same log, after a `resume` event that names the stop's line; runlog/_segments); any
+      in the same log, after a `resume` event that names the stop's line; _log/_segments); any
       other stop means the run is over (`ended`).
     limits: limit overrides by name (`{"max_steps": 20}`, values as `Limits` takes them), recorded in
       the resume event's `overrides` so replay, reconcile and the next resume apply them too; a

@@ -5,7 +5,7 @@ against its limit; the per-turn prompt/completion token chart; the timeline of s
 collapsed <details>: the request's prompt estimate and reported tokens, retries, the reply, every
 call with its decision and collapsed arguments and result); gate and compaction decisions; retries.
 A log cut off before its stop (a killed process) reads tolerantly and says so. A log `resume`
-continued past a stop (runlog/_segments.py) shows every segment's stop, and its budgets are judged
+continued past a stop (_log/_segments.py) shows every segment's stop, and its budgets are judged
 against the limits the run went on with.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..runlog._large import call_text
-from ..runlog._reader import RunLogFile, read_log
-from ..runlog._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
+from .._log._large import call_text
+from .._log._reader import RunLogFile, read_log
+from .._log._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
                               ResumeLine, RetryLine, StopLine, parse_line)
 from ._html import bar_chart, clip, esc, fmt_num, fmt_s, page, stacked_chart
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from .._json import canonical_json, loads, loads_object
 from .._messages import Reply, ReplyFormatError
-from ..runlog._large import call_text
+from .._log._large import call_text
 
 __all__ = ["CallRecord", "calls_from_events"]
 
@@ -36,7 +36,7 @@ class CallRecord:
 
 
 def _arguments(e: dict[str, Any], text: str | None = None) -> Any:
-    """`text`: the raw arguments a call event left in its reply (runlog/_large.py)."""
+    """`text`: the raw arguments a call event left in its reply (_log/_large.py)."""
     if isinstance(e.get("arguments"), dict):
         return e["arguments"]
     key, name = e.get("key"), e.get("name", "")

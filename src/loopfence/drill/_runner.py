@@ -13,7 +13,7 @@ from typing import Any
 from .._json import MAX_LOG_DEPTH, dumps, loads
 from .._loop import run
 from .._stops import RunResult
-from ..runlog import RunLog
+from .._log import RunLog
 from ..tools import ArgumentError, Registry, Tool
 from ._calls import CallRecord, calls_from_events
 from ._expect import Observed, mismatches

@@ -58,8 +58,8 @@ from .._steps import (announce, close_reply, deliver_note, end_turn, finish, ope
                       settle_contract, start)
 from .._stops import RunResult, Stop, StopReason
 from .._runner import close_loop
-from ..runlog._schema import LogEvent
-from ..runlog._writer import RunLog
+from .._log._schema import LogEvent
+from .._log._writer import RunLog
 from ..tools._executor import DEFAULT_RESULT_CAP, Executor, ToolResult, refusal
 from ..tools._registry import Tool, ToolKind
 from ..tools._registry import tool as make_tool

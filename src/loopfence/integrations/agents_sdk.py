@@ -53,8 +53,8 @@ from agents.tool_context import ToolContext
 from agents.usage import Usage
 
 from .._messages import Reply, Request
-from ..runlog._events import ReplyEvent
-from ..runlog._reader import read_log
+from .._log._events import ReplyEvent
+from .._log._reader import read_log
 from .._stops import Stop
 from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
 

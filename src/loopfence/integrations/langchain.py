@@ -56,8 +56,8 @@ from .._json import dumps
 from .._messages import Reply, Request
 from .._stops import Stop
 from ..tools._registry import Tool
-from ..runlog._events import ReplyEvent
-from ..runlog._reader import read_log
+from .._log._events import ReplyEvent
+from .._log._reader import read_log
 from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
 
 __all__ = ["FenceMiddleware", "LangChainFenceStop", "LangChainToolError", "to_reply", "scripted_model",

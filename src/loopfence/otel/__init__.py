@@ -4,7 +4,7 @@
     inst = loopfence.instrument()            # the global tracer/meter providers
     loopfence.run(..., on_event=inst.on_event)
 
-Spans are built from the run's typed events (loopfence.runlog._schema), so a recorded log gives
+Spans are built from the run's typed events (loopfence._log._schema), so a recorded log gives
 the same spans afterwards: `spans_from_log(path)`, `loopfence export LOG --format otlp`.
 """
 

@@ -22,7 +22,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
 from .._hooks import add_run_hook, remove_run_hook
-from ..runlog._schema import HeaderLine, LogEvent
+from .._log._schema import HeaderLine, LogEvent
 from ._spans import Instruments, SpanRecorder, make_instruments
 
 __all__ = ["Instrumentation", "instrument", "configure", "CAPTURE_ENV", "SCOPE", "content_from_env"]

@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from .._json import dumps
-from ..runlog._reader import RunLogFile, read_log
-from ..runlog._schema import parse_line
+from .._log._reader import RunLogFile, read_log
+from .._log._schema import parse_line
 from ._instrument import SCOPE, _version
 from ._spans import SpanRecorder
 

@@ -32,8 +32,8 @@ from opentelemetry.metrics import Histogram, Meter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from .._json import fingerprint
-from ..runlog._large import reply_arguments
-from ..runlog._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
+from .._log._large import reply_arguments
+from .._log._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
                               ResumeLine, RetryLine, StopLine)
 
 __all__ = ["SpanRecorder", "Instruments", "make_instruments", "provider_name", "TOKEN_BUCKETS",

@@ -10,8 +10,8 @@ import pytest
 
 from .._messages import Reply
 from ..models._scripted import ScriptedModel
-from ..runlog._events import Event, StopEvent
-from ..runlog._reader import RunLogFile, read_log
+from .._log._events import Event, StopEvent
+from .._log._reader import RunLogFile, read_log
 from .._drivers._replay import ReplayReport, replay
 from ._builders import calls_reply, text_reply
 

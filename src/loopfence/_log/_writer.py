@@ -4,8 +4,8 @@ A killed process leaves a log readable up to its last complete line; so does a w
 (a full disk): `LogWriteError` then stops the run, and every later write refuses. Event kinds (field "event"):
 header, request, reply, call, result, gate, resume, retry, stop. Every event carries `seq` (0-based line
 number) and `t` (seconds since the run started, monotonic). Each record is checked against its model
-(runlog/_schema.py) before it is written: the log holds only lines the reader accepts. A large
-value is written once (runlog/_large.py): a call's large arguments stay in the reply that brought them.
+(_log/_schema.py) before it is written: the log holds only lines the reader accepts. A large
+value is written once (_log/_large.py): a call's large arguments stay in the reply that brought them.
 """
 
 from __future__ import annotations

@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from .._contract import check_reply
-from .._drivers._prefix import fold_prefix
-from .._drivers._refold import refold
 from .._gate import HOLDS_TEXT
 from .._guards import NUDGED, Guard
+from .._log._events import CallEvent, LogError, ReplyEvent, ResultEvent, StopEvent
+from .._log._reader import RunLogFile, read_log
 from .._messages import Reply
 from .._stops import StopReason, Verdict
-from ._events import CallEvent, LogError, ReplyEvent, ResultEvent, StopEvent
-from ._reader import RunLogFile, read_log
+from ._prefix import fold_prefix
 from ._rebuild import recorded_limits, recorded_policy, registry_of
+from ._refold import refold
 
 __all__ = ["Check", "Reconciliation", "reconcile", "out_of_order", "INVARIANTS", "NEED_THE_STOP"]
 

@@ -1,5 +1,5 @@
 """Typed views of run-log events, parsed once at the edge (the reader) with the line models of
-runlog/_schema.py; errors name file and line.
+_log/_schema.py; errors name file and line.
 
 Each view keeps `raw` (the record as read) so replay can compare whole events, and `line` (1-based)
 so every later error can point at the line it is about.
@@ -181,7 +181,7 @@ class OtherEvent(Event):
 
 
 def parse_event(path: str, line: int, record: dict[str, Any]) -> Event:
-    """One record (already JSON) -> its typed view, checked by its model (runlog/_schema.py).
+    """One record (already JSON) -> its typed view, checked by its model (_log/_schema.py).
     The kind must be known (checked by the reader)."""
     kind = record["event"]
     try:

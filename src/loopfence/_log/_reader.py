@@ -2,7 +2,7 @@
 
 Strict (replay, reconcile, export): an empty file, a first line that is not a loopfence.runlog header
 of a version this loopfence reads (1 to 4), a line that is not a JSON object, an unknown event kind, a
-line its model (runlog/_schema.py) refuses (a field of the wrong type, an unknown decision), or a last
+line its model (_log/_schema.py) refuses (a field of the wrong type, an unknown decision), or a last
 line without its newline (a truncated write) -> LogError. Never a partial success.
 
 Tolerant (resume): a process killed mid-write leaves at most one incomplete last line; it is set

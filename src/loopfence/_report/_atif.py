@@ -16,8 +16,8 @@ from typing import Any
 
 from .._json import loads_object
 from .._messages import Reply
-from ._events import LogError, ReplyEvent, ResultEvent
-from ._reader import RunLogFile, read_log
+from .._log._events import LogError, ReplyEvent, ResultEvent
+from .._log._reader import RunLogFile, read_log
 
 __all__ = ["to_atif", "ATIF_SCHEMA_VERSION"]
 

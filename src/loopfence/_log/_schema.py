@@ -22,7 +22,7 @@ __all__ = ["Decision", "GateDecision", "LogEvent", "HeaderLine", "RequestLine", 
 
 FORMAT = "loopfence.runlog"
 VERSION = 4  # 2: typed events, `retry` events; 3: `nudge`, `last_answer` and `guard` events; 4: large values
-# stored once (runlog/_large.py), `prompt_estimate`, a cut at the run's own reservation is max_completion_tokens
+# stored once (_log/_large.py), `prompt_estimate`, a cut at the run's own reservation is max_completion_tokens
 READS_VERSIONS = (1, 2, 3, 4)  # older logs read with the same models (they never hold the newer events)
 
 

@@ -15,7 +15,7 @@ from .._gate import ApprovalHook, UntrustedGate, approve_all, approver, deny_all
 from .._limits import Limits, Policy
 from ..models._base import Model
 from ..tools._registry import Registry, Tool, signature_model
-from ._events import Event, Header, LogError, ToolSpec
+from .._log._events import Event, Header, LogError, ToolSpec
 
 __all__ = ["RecordedFn", "recorded_tool", "recorded_limits", "recorded_policy", "limits_of",
            "policy_of", "compaction_of", "gate_of",
