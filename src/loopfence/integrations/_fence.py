@@ -357,8 +357,8 @@ class FencedRun:
     async def call(self, call_id: str, execute: Callable[[], Awaitable[Any]]) -> Any:
         """One call of the last reply, as the framework runs it: answered from the read-only cache,
         refused (the gate, a guard's refusal, a nudge), or executed by `execute()` (the framework's
-        own tool function) under tool_timeout_s (a second scope, inside the run's clock). What the framework gets back: the function's own
-        value when it ran, else the result text loopfence gives the model. Raises the stop; what
+        own tool function) under tool_timeout_s (a second scope). What the framework gets back: the
+        function's own value when it ran, else the result text loopfence gives the model. Raises the stop; what
         `execute()` raises is recorded as the call's error result and raised on unchanged."""
         self._refuse_if_finished()
         turn = self.turn
