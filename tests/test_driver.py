@@ -357,18 +357,17 @@ def test_ctrl_c_during_a_model_call_ends_the_run_cancelled_with_a_complete_log(r
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
-def test_ctrl_c_between_operations_stops_before_the_next_one() -> None:
-    """SIGINT while the ring is in its own logic (a guard): the call it never started is not_executed."""
+def test_ctrl_c_before_a_call_starts_stops_before_it() -> None:
+    """SIGINT while the ring waits on a decision before a call (a guard's awaitable verdict): the
+    call it never started is not_executed."""
     from loopfence._guards import Guard
 
     class Pressing(Guard):
-        def on_reply(self, s, calls) -> None:
-            os.kill(os.getpid(), signal.SIGINT)
-            # the guard returns once the run's task has been cancelled (a person's Ctrl-C lands
-            # wherever the ring happens to be)
-            give_up = time.monotonic() + 30
-            while not asyncio.current_task().cancelling() and time.monotonic() < give_up:
-                time.sleep(0.001)
+        def before_execution(self, s, c, reuse):  # noqa: ANN001, ANN201
+            async def decide() -> None:
+                os.kill(os.getpid(), signal.SIGINT)
+                await asyncio.sleep(30)  # the Ctrl-C cancels this wait
+            return decide()
 
     ran: list[str] = []
 

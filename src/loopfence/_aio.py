@@ -206,9 +206,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         if task and not task[0].done():
             task[0].cancel(CTRL_C)
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    if not _loop_running():
         return _here(main(), cancel)
     ctx = contextvars.copy_context()
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -234,28 +232,33 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
             loop[0].call_soon_threadsafe(cancel)
 
 
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _here(main: Coroutine[Any, Any, T], cancel: Callable[[], None]) -> T:
-    """`main` on an asyncio.Runner on this thread; on the main thread Ctrl-C is `cancel()` once."""
+    """`main` on an asyncio.Runner on this thread; on the main thread the first Ctrl-C is `cancel()`
+    (the loop's own signal handling), a second raises KeyboardInterrupt."""
     ours = threading.current_thread() is threading.main_thread() and \
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with asyncio.Runner() as runner:
-        pressed = False
+        loop = runner.get_loop()
 
-        def on_sigint(signum: int, frame: Any) -> None:
-            nonlocal pressed
-            if pressed:
-                raise KeyboardInterrupt
-            pressed = True
+        def on_sigint() -> None:
+            loop.remove_signal_handler(signal.SIGINT)  # restores the default: a second Ctrl-C raises
             cancel()
-            runner.get_loop().call_soon_threadsafe(lambda: None)  # wake a loop waiting in select()
 
         if ours:
-            signal.signal(signal.SIGINT, on_sigint)
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
         try:
             return runner.run(main)
         finally:
             if ours:
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+                loop.remove_signal_handler(signal.SIGINT)
 
 
 # -- which form of an adapter --------------------------------------------------------------------
