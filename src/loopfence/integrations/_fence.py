@@ -35,7 +35,7 @@ import functools
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 from pydantic_core import to_jsonable_python
 
-from .._aio import in_thread, run_sync, waited
+from .._aio import CTRL_C, in_thread, run_sync, waited
 from .._compact import Compaction
 from .._contract import CheckedCall, check_reply, requested_max_tokens
 from .._gate import ApprovalHook, UntrustedGate
@@ -413,7 +413,7 @@ class FencedRun:
             return await in_thread(send, request, note) if timed else send(request, note)
 
         with self._sync_lock:
-            return run_sync(self.model_request(asend, to_reply))
+            return _bridged(self.model_request(asend, to_reply))
 
     def call_sync(self, call_id: str, execute: Callable[[], Any]) -> Any:
         """`call` for a framework calling from sync code, with a blocking `execute`, through the one
@@ -429,7 +429,7 @@ class FencedRun:
         with self._sync_lock:
             self._await_turn(call_id)
             try:
-                return run_sync(self.call(call_id, aexecute))
+                return _bridged(self.call(call_id, aexecute))
             finally:
                 self._turn_taken.notify_all()
 
@@ -495,6 +495,17 @@ class FencedRun:
     def _refuse_if_finished(self) -> None:
         if self.result is not None:  # the run has stopped: nothing more is asked or run
             raise self.stop_error(self.result.stop, self.result)
+
+
+def _bridged(coro: Coroutine[Any, Any, T]) -> T:
+    """A step from sync code through the one bridge; a Ctrl-C (which ended the run `cancelled`) is
+    raised on as KeyboardInterrupt, as sync code expects."""
+    try:
+        return run_sync(coro)
+    except asyncio.CancelledError as exc:
+        if exc.args == (CTRL_C,):
+            raise KeyboardInterrupt from None
+        raise
 
 
 @dataclass(frozen=True, slots=True)
