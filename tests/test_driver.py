@@ -19,8 +19,7 @@ import time
 import pytest
 
 from loopfence import Guard, Limits, RunLog, ScriptedModel, StopReason, run, tool
-from loopfence._aio import MAX_THREADS, interrupted, worker_threads
-from loopfence._runner import watchdog_threads
+from loopfence._aio import MAX_THREADS, worker_threads
 from loopfence._loop import arun
 from loopfence.runlog import reconcile
 from loopfence.testing import calls_reply, text_reply, tool_call
@@ -358,18 +357,17 @@ def test_ctrl_c_during_a_model_call_ends_the_run_cancelled_with_a_complete_log(r
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
-def test_ctrl_c_between_operations_stops_before_the_next_one() -> None:
-    """SIGINT while the ring is in its own logic (a guard): the call it never started is not_executed."""
+def test_ctrl_c_before_a_call_starts_stops_before_it() -> None:
+    """SIGINT while the ring waits on a decision before a call (a guard's awaitable verdict): the
+    call it never started is not_executed."""
     from loopfence._guards import Guard
 
     class Pressing(Guard):
-        def on_reply(self, s, calls) -> None:
-            os.kill(os.getpid(), signal.SIGINT)
-            # run() waits on the caller's thread, which takes the signal: the guard returns once
-            # the run has registered it (a person's Ctrl-C lands wherever the ring happens to be)
-            give_up = time.monotonic() + 30
-            while not interrupted() and time.monotonic() < give_up:
-                time.sleep(0.001)
+        def before_execution(self, s, c, reuse):  # noqa: ANN001, ANN201
+            async def decide() -> None:
+                os.kill(os.getpid(), signal.SIGINT)
+                await asyncio.sleep(30)  # the Ctrl-C cancels this wait
+            return decide()
 
     ran: list[str] = []
 
@@ -476,7 +474,6 @@ def test_worker_threads_are_bounded_and_reused() -> None:
         run("t", model=ScriptedModel([calls_reply(tool_call("noop", n=i)), text_reply("ok")]),
             tools=[tool(noop)], log=RunLog(None))
     assert worker_threads() == before <= MAX_THREADS  # idle workers took the new jobs
-    assert watchdog_threads() <= 1
     give_up = time.monotonic() + 10  # a runner that handed over its result may still be returning
     while _os_threads() > threads and time.monotonic() < give_up:
         time.sleep(0.01)
@@ -488,9 +485,9 @@ def _os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def test_a_sync_tool_runs_on_the_runs_own_thread_under_run_and_off_the_loop_under_arun() -> None:
-    """run(): the sync tool runs where the ring runs (no hand-off per call); arun(): on a worker,
-    so the caller's loop is never blocked by it."""
+def test_a_sync_tool_runs_off_the_loop_under_run_and_arun_alike() -> None:
+    """One way to run: run() drives arun() on a loop of its own on the caller's thread, and a sync
+    tool goes to the worker pool under both, so the loop is never blocked by it."""
     seen: dict[str, int] = {}
 
     class Where(ScriptedModel):
@@ -504,15 +501,15 @@ def test_a_sync_tool_runs_on_the_runs_own_thread_under_run_and_off_the_loop_unde
 
     run("t", model=Where([calls_reply(tool_call("where", "{}")), text_reply("ok")]), tools=[tool(where)],
         log=RunLog(None))
-    assert seen["tool"] == seen["ring"] != threading.get_ident()
+    assert seen["ring"] == threading.get_ident() != seen["tool"]
     seen.clear()
     asyncio.run(arun("t", model=Where([calls_reply(tool_call("where", "{}")), text_reply("ok")]),
                      tools=[tool(where)], log=RunLog(None)))
-    assert seen["tool"] != seen["ring"] == threading.get_ident()
+    assert seen["ring"] == threading.get_ident() != seen["tool"]
 
 
 def test_a_sync_tool_may_run_its_own_event_loop() -> None:
-    """Inline under run(), no loop is running on the tool's thread: asyncio.run() inside works."""
+    """On its worker no loop is running: asyncio.run() inside works."""
     async def fetch() -> str:
         await asyncio.sleep(0)
         return "fetched"
@@ -559,10 +556,10 @@ def test_the_cpu_seconds_leave_out_what_the_run_awaited() -> None:
         assert result.cpu_s is not None and result.cpu_s < 0.25, (name, result.cpu_s)  # 0.5 s of waiting
 
 
-def test_a_sub_run_in_a_tool_the_run_went_on_without_takes_none_of_its_inline_path() -> None:
-    """A sync tool cut at its timeout keeps running on the old runner thread and starts a sub-run
-    (asyncio.run(arun(...)) over a sync-only model) while the main run, taken over, is mid-step on
-    its new runner: the sub-run's blocking calls are its own (a worker thread), not the main run's."""
+def test_a_sub_run_in_a_tool_the_run_went_on_without_finishes() -> None:
+    """A sync tool cut at its timeout keeps running on its worker and starts a sub-run
+    (asyncio.run(arun(...)) over a sync-only model) while the main run, which went on, is mid-step:
+    both finish."""
     done = threading.Event()
     sub: dict[str, object] = {}
 
@@ -574,7 +571,7 @@ def test_a_sub_run_in_a_tool_the_run_went_on_without_takes_none_of_its_inline_pa
             return ScriptedModel([text_reply("sub done")]).complete(request)
 
     def subagent(q: str) -> str:
-        time.sleep(0.4)  # past tool_timeout_s: the watchdog moves the main run to a new runner
+        time.sleep(0.4)  # past tool_timeout_s: the main run goes on without it
         try:
             r = asyncio.run(arun("sub", model=SyncOnly()))
             sub["result"] = (r.stop.reason, r.final_answer)

@@ -164,13 +164,16 @@ def test_retries_run_out_with_a_named_stop():
         assert e.stop.data["status"] == 500 and len(srv.requests) == 3
 
 
-def test_a_wait_past_the_deadline_stops_with_max_wall_seconds_without_sleeping():
+def test_a_retry_wait_past_the_runs_deadline_is_cut_by_the_run():
+    """The adapter never decides the run is over: the run's clock cancels its wait for a retry."""
+    from loopfence import Limits, RunLog, run
+
     with FakeServer([{"status": 429, "body": {}, "headers": {"Retry-After": "5"}}, OK]) as srv, \
             model(srv, retry_after_cap=10) as m:
         t = time.monotonic()
-        e = stop_of(m, req(deadline=t + 1.0))
-        assert e.stop.reason is StopReason.MAX_WALL_SECONDS and "would pass max_wall_seconds" in e.stop.detail
-        assert e.stop.data["retry_in_s"] == 5 and len(srv.requests) == 1  # it stopped instead of waiting
+        result = run("t", model=m, limits=Limits(max_wall_seconds=1.0), log=RunLog(None))
+        assert result.stop.reason is StopReason.MAX_WALL_SECONDS, result.stop
+        assert len(srv.requests) == 1  # the retry was never sent
         assert time.monotonic() - t < 5  # (had it slept the 5 s, this could not hold)
 
 
@@ -212,12 +215,15 @@ def test_read_timeout_between_chunks_is_an_incomplete_stream():
       "chunks": [{"choices": [{"index": 0, "delta": {"content": "a"}}]}] * 50}, 10.0),
     ({"fault": "stall", "delay_s": 5}, 5.0)])
 def test_the_request_never_outlives_the_run_deadline(fault, server_s):
-    """Order, not speed: the stop comes at the deadline (not before), and before the server is done."""
+    """Order, not speed: the run's clock cuts the request at the deadline (not before), before the
+    server is done."""
+    from loopfence import Limits, RunLog, run
+
     with FakeServer([fault]) as srv, model(srv, stream=True, timeout=Timeouts(read=30)) as m:
         t = time.monotonic()
-        e = stop_of(m, req(deadline=t + 0.6))
+        result = run("t", model=m, limits=Limits(max_wall_seconds=0.6), log=RunLog(None))
         took = time.monotonic() - t
-    assert e.stop.reason is StopReason.MAX_WALL_SECONDS and "cut off at the run's deadline" in e.stop.detail
+    assert result.stop.reason is StopReason.MAX_WALL_SECONDS and "the model request" in result.stop.detail
     assert 0.6 <= took + 0.01 and took < server_s, took
 
 

@@ -31,9 +31,8 @@ def test_run_command_is_cut_at_the_runs_tool_timeout_and_reports_its_output(tmp_
 
 
 def test_where_tools_and_sync_models_run_and_bad_isolation_is_refused():
-    """run(): the ring runs on a runner thread of its own, and a sync model, a "thread" tool and an
-    "inline" one run right there, with no hand-off (a deadline moves the run to a new runner instead:
-    test_driver); the caller's thread only waits."""
+    """run(): the ring runs on a loop of its own on the caller's thread; a sync model and a "thread"
+    tool go to the worker pool, an "inline" tool runs on the loop itself."""
     import threading
 
     from loopfence import tool
@@ -54,7 +53,8 @@ def test_where_tools_and_sync_models_run_and_bad_isolation_is_refused():
         seen.clear()
         run("t", model=Where(replies), tools=[tool(where, isolation=isolation)], log=RunLog(None))
         assert [k for k, _ in seen] == ["model", "tool", "model"], isolation
-        assert len({ident for _, ident in seen}) == 1, (isolation, seen)
-        assert seen[0][1] != threading.get_ident(), (isolation, seen)
+        here = threading.get_ident()
+        assert all(ident != here for k, ident in seen if k == "model"), (isolation, seen)
+        assert (seen[1][1] == here) == (isolation == "inline"), (isolation, seen)
     with pytest.raises(ValueError, match="isolation"):
         tool(where, isolation="fiber")

@@ -1,17 +1,16 @@
-"""Where the ring runs: on an asyncio event loop, every operation awaited under one deadline.
+"""Where the ring runs: `arun()` on an event loop; `run_sync()` the one bridge from sync code.
 
-- `within(deadline, aw)`: the one timeout path of the package. `aw` is awaited until the monotonic
-  `deadline` (None: unbounded); past it the awaiting is cancelled and `Expired` is raised. A
-  deadline already passed starts nothing.
-- `Blocking(fn, *args)`: a blocking call the ring makes (a sync model, a sync tool): under run()
-  it runs inline on the run's own runner thread (see _runner), elsewhere as `in_thread`.
-- `in_thread(fn, *args)`: a blocking call (a model with only a sync `complete`, a sync tool, an
-  approval prompt) on a bounded pool of daemon worker threads, in a copy of the caller's context.
-  When the awaiting is cancelled (timeout, Ctrl-C, task cancel) the run goes on without it: a job
-  not yet started never starts; one running finishes unobserved (Python threads cannot be killed).
-- `run_sync(coro)`: the sync bridge for what is not a run (a sync `Executor.execute`, `batch()`):
-  `drive_sync`, as under `run()`. Never "event loop is already running"; on the main thread,
-  Ctrl-C cancels the task (it ends what it was doing), a second raises KeyboardInterrupt.
+- `run_sync(coro)`: runs `coro` on an event loop of its own (`asyncio.Runner` on this thread, or on
+  a helper thread when a loop is already running here) and returns its value. On the main thread
+  the first Ctrl-C is one `task.cancel(CTRL_C)` (the run ends `cancelled`), a second raises
+  KeyboardInterrupt. `run()`, `batch()`, a sync `Executor.execute`, a fence's sync hooks use it.
+- `in_thread(fn, *args)`: a blocking call (a sync model, a sync tool, an approval prompt) on the one
+  bounded pool of daemon worker threads, in a copy of the caller's context, awaited. When the
+  awaiting is cancelled (a deadline, Ctrl-C) the run goes on without it: a job not yet started
+  never starts; one running finishes unobserved (Python threads cannot be killed).
+- `within(deadline, aw)`: `aw` awaited until the monotonic `deadline` (None: unbounded); past it
+  the awaiting is cancelled and `Expired` is raised (a tool's timeout, a hook's wait). The run's
+  own wall clock is one scope around the ring (`_steps.on_the_clock`).
 - `prefers_async(obj, "complete", "acomplete")`: which of an adapter's two forms to use (the most
   derived one: a subclass that overrides only `complete` keeps its override).
 """
@@ -19,17 +18,16 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import queue
+import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator
-from types import CoroutineType
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from ._runner import DRIVE, Drive, drive_sync
-
-__all__ = ["Blocking", "drive_sync", "Expired", "within", "in_thread", "run_sync", "interrupted", "prefers_async", "Meter",
+__all__ = ["Expired", "within", "waited", "in_thread", "run_sync", "checkpoint", "prefers_async", "Meter",
            "METER", "CTRL_C", "MAX_THREADS", "worker_threads"]
 
 T = TypeVar("T")
@@ -68,104 +66,43 @@ METER: contextvars.ContextVar[Meter | None] = contextvars.ContextVar("loopfence_
 """The Meter of the run driven in this (task's) context."""
 
 
-# -- the one deadline ------------------------------------------------------------------------------
+async def waited(aw: Awaitable[T]) -> T:
+    """`aw` awaited, its time left out of the run's CPU."""
+    meter = METER.get()
+    if meter is None:
+        return await aw
+    meter.pause()
+    try:
+        return await aw
+    finally:
+        meter.resume()
+
+
 async def within(deadline: float | None, aw: Awaitable[T]) -> T:
     """Await `aw`; past the monotonic `deadline` cancel it and raise Expired (None: no deadline)."""
-    meter = METER.get()
-    if meter is not None:
-        meter.pause()
+    if deadline is None:
+        return await waited(aw)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        if isinstance(aw, Coroutine):
+            aw.close()  # never started
+        raise Expired
+    scope = asyncio.timeout(left)
     try:
-        if isinstance(aw, Blocking):  # a blocking call: inline under run(), else on a worker thread
-            d = aw.driver()
-            if d is not None:
-                return await _inline(d, aw, deadline)  # type: ignore[no-any-return]
-            aw = in_thread(aw.fn, *aw.args)
-        if deadline is None:
-            return await aw
-        left = deadline - time.monotonic()
-        if left <= 0:
-            if isinstance(aw, CoroutineType):
-                aw.close()  # never started
-            raise Expired
-        if isinstance(aw, CoroutineType):  # its synchronous start needs no timer (nothing could cut it)
-            try:
-                first = aw.send(None)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            aw = _Started(aw, first)
-        scope = asyncio.timeout(left)
-        try:
-            async with scope:
-                return await aw
-        except TimeoutError:
-            if scope.expired():
-                raise Expired from None
-            raise  # the operation's own TimeoutError
-    finally:
-        if meter is not None:
-            meter.resume()
+        async with scope:
+            return await waited(aw)
+    except TimeoutError:
+        if scope.expired():
+            raise Expired from None
+        raise  # the operation's own TimeoutError
 
 
-class _Started:
-    """The rest of a coroutine already run up to its first suspension (it yielded `first`): awaiting
-    this goes on exactly as `await coro` would have (sends, throws and close passed through)."""
-
-    __slots__ = ("coro", "first")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
-        self.coro, self.first = coro, first
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, out = self.coro, self.first
-        while True:
-            try:
-                sent = yield out
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # noqa: BLE001 - a cancel (or any throw) goes to the coroutine
-                try:
-                    out = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    out = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
-
-
-class Blocking:
-    """`fn(*args)`, a blocking call the ring makes, to await: `within(deadline, Blocking(...))`
-    bounds it. Under run() it runs inline on the run's own runner thread (see _runner), elsewhere
-    on the worker pool (`in_thread`)."""
-
-    __slots__ = ("fn", "args")
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.fn, self.args = fn, args
-
-    def driver(self) -> Drive | None:
-        """The run() that may run this call inline: it drives the task awaiting it."""
-        d = DRIVE.get()
-        return d if d is not None and d.task is asyncio.current_task() else None
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        return (yield from within(None, self).__await__())
-
-
-async def _inline(d: Drive, aw: Blocking, deadline: float | None) -> Any:
-    if deadline is not None and time.monotonic() >= deadline:
-        raise Expired  # never started
-    op = await d.inline(aw.fn, aw.args, deadline)
-    meter = METER.get()
-    if meter is not None:
-        meter.cpu += op.cpu
-    if op.how == "taken" and op.error is None:
-        raise Expired  # the run went on without it, on a new runner
-    if op.error is not None:
-        raise op.error
-    return op.value
+async def checkpoint() -> None:
+    """Before an operation starts: a cancel asked for while the ring ran its own code (Ctrl-C, the
+    wall clock) is taken here, so that a call never started is answered not_executed."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        await asyncio.sleep(0)
 
 
 # -- the worker pool -------------------------------------------------------------------------------
@@ -208,7 +145,7 @@ def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None
 
 class _Pool:
     """At most MAX_THREADS daemon threads, started on demand and reused (an idle one takes the next
-    job). Daemon: a hung tool never keeps the process from exiting."""
+    job from the queue). Daemon: a hung tool never keeps the process from exiting."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -253,6 +190,77 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
             meter.cpu += job.cpu
 
 
+# -- the bridge ------------------------------------------------------------------------------------
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to its end from sync code on an event loop of its own: `asyncio.Runner` here, or
+    on a helper thread when this thread is already running a loop. On the main thread the first
+    Ctrl-C cancels its task (`CTRL_C`: it ends what it was doing, CancelledError unless it returns),
+    a second raises KeyboardInterrupt."""
+    task: list[asyncio.Task[T]] = []
+
+    async def main() -> T:
+        task.append(asyncio.current_task())  # type: ignore[arg-type]
+        return await coro
+
+    def cancel() -> None:  # on the loop's thread
+        if task and not task[0].done():
+            task[0].cancel(CTRL_C)
+
+    if not _loop_running():
+        return _here(main(), cancel)
+    ctx = contextvars.copy_context()
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
+    loop: list[asyncio.AbstractEventLoop] = []
+
+    def helper() -> None:
+        with asyncio.Runner() as runner:
+            loop.append(runner.get_loop())
+            try:
+                done.set_result(runner.run(main(), context=ctx))
+            except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+                done.set_exception(exc)
+
+    threading.Thread(target=helper, name="loopfence-run", daemon=True).start()
+    pressed = False
+    while True:
+        try:
+            return done.result()
+        except KeyboardInterrupt:
+            if pressed or not loop:
+                raise
+            pressed = True
+            loop[0].call_soon_threadsafe(cancel)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _here(main: Coroutine[Any, Any, T], cancel: Callable[[], None]) -> T:
+    """`main` on an asyncio.Runner on this thread; on the main thread the first Ctrl-C is `cancel()`
+    (the loop's own signal handling), a second raises KeyboardInterrupt."""
+    ours = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with asyncio.Runner() as runner:
+        loop = runner.get_loop()
+
+        def on_sigint() -> None:
+            loop.remove_signal_handler(signal.SIGINT)  # restores the default: a second Ctrl-C raises
+            cancel()
+
+        if ours:
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            return runner.run(main)
+        finally:
+            if ours:
+                loop.remove_signal_handler(signal.SIGINT)
+
+
 # -- which form of an adapter --------------------------------------------------------------------
 def prefers_async(obj: Any, sync_name: str, async_name: str) -> bool:
     """Use `obj.<async_name>`: it exists and is defined at least as far down the class hierarchy as
@@ -267,18 +275,3 @@ def prefers_async(obj: Any, sync_name: str, async_name: str) -> bool:
         return False
     s = next((k for k in mro if sync_name in k.__dict__), None)
     return s is None or issubclass(a, s)
-
-
-def interrupted() -> bool:
-    """Ctrl-C arrived for the run() driving this context (checked before each operation starts, so
-    that a call never started is answered not_executed rather than outcome_unknown)."""
-    d = DRIVE.get()
-    return d is not None and d.pressed
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` to its end from sync code, as run() drives a run (`drive_sync`: on a runner thread
-    of its own, so never "event loop is already running"). On the main thread the first Ctrl-C
-    cancels it (CancelledError, after it has ended what it was doing), a second raises
-    KeyboardInterrupt."""
-    return drive_sync(coro, lambda: asyncio.CancelledError(CTRL_C))

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._aio import CTRL_C, METER, Blocking, Expired, Meter, drive_sync, interrupted, prefers_async, within
+from ._aio import CTRL_C, METER, Meter, checkpoint, in_thread, prefers_async, run_sync, waited
 from ._compact import Compaction
 from ._contract import CheckedCall, check_reply, requested_max_tokens
 from ._gate import ApprovalHook, UntrustedGate
@@ -23,7 +23,8 @@ from ._messages import Reply, Request
 from ._prices import PricesArg
 from ._state import RunState
 from ._steps import (announce, close_reply, deliver_note, describe_model, end_turn, finish, new_state,
-                     open_request, run_call, set_price, settle, settle_contract, start)
+                     on_the_clock, open_request, past_the_clock, run_call, set_price, settle, settle_contract,
+                     start)
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import ON_RETRY, Model
 from ._log._schema import LogEvent
@@ -49,7 +50,7 @@ async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = ()
     """Run the fenced loop until it stops for a named reason: the core, on the running event loop.
     Every operation (model request, token count, tool, approval) is awaited under the run's limits:
     an async adapter (`acomplete`, `acount_tokens`, an `async def` tool) is awaited and cancelled at
-    its deadline; a sync one runs on a worker thread and the run goes on without it at the deadline.
+    its deadline; a sync one runs on the worker pool and the run goes on without it at the deadline.
 
     Never raises for a stop; raises LogWriteError (an OSError) when the log cannot be written.
     Cancelling the task that awaits it (or an `asyncio.timeout` around it) ends the run `cancelled`:
@@ -113,8 +114,9 @@ def check_model(model: Any) -> None:
 
 
 def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
-    """`adrive` from sync code (replay, resume, run()); Ctrl-C or a cancel returns the cancelled result."""
-    return drive_sync(_to_stop(s, model, log, guards, executor), lambda: asyncio.CancelledError(CTRL_C))[0]
+    """`adrive` from sync code (replay, resume, run()): the one bridge (`_aio.run_sync`); Ctrl-C or
+    a cancel returns the cancelled result."""
+    return run_sync(_to_stop(s, model, log, guards, executor))[0]
 
 
 async def adrive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
@@ -141,7 +143,7 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
     last: str | None = None
     try:
         try:
-            stop = await _ring(s, ops, log, guards, final)
+            stop = await on_the_clock(s, _ring(s, ops, log, guards, final))
         except StopError as exc:
             stop = exc.stop
         except asyncio.CancelledError as exc:
@@ -216,7 +218,7 @@ async def _last_answer(s: RunState, ops: _Ops, log: RunLog, guards: Guards,
             return None, None
         log.write("last_answer", step=step, decision="asked", reason=None,
                   detail=f"after {stop.reason}: one request with tools disabled", max_tokens=s.max_tokens())
-        reply = await _ask(s, ops, log)
+        reply = await on_the_clock(s, _ask(s, ops, log))
         if reply.complete and (reply.content or "").strip():
             return reply.content, None
         failed(None, "the reply was cut off: " + (reply.problem or "incomplete") if not reply.complete else
@@ -250,23 +252,23 @@ def _with_cpu(result: RunResult, cpu: float) -> RunResult:
 
 
 class _Ops:
-    """The run's operations, each awaited under its deadline: async adapters are awaited, sync ones
-    run on a worker thread (the most derived of a pair wins: see prefers_async)."""
+    """The run's operations: async adapters are awaited, sync ones run on the worker pool (the most
+    derived of a pair wins: see prefers_async)."""
 
     def __init__(self, model: Model, executor: Executor, s: RunState) -> None:
         self.complete: Callable[[Request], Awaitable[Reply]] = \
             model.acomplete if prefers_async(model, "complete", "acomplete") else \
-            (lambda request: Blocking(model.complete, request))  # type: ignore[attr-defined]
+            (lambda request: in_thread(model.complete, request))  # type: ignore[attr-defined]
         count: Any = None
         if prefers_async(model, "count_tokens", "acount_tokens"):
             count = model.acount_tokens  # type: ignore[attr-defined]
         elif callable(sync := getattr(model, "count_tokens", None)):
-            count = lambda messages, tools: Blocking(sync, messages, tools)  # noqa: E731
+            count = lambda messages, tools: in_thread(sync, messages, tools)  # noqa: E731
         self.count = count
         s.counts_tokens = count is not None  # exact counts when the model offers them
         self.execute: Callable[..., Awaitable[ToolResult]] = \
             executor.aexecute if prefers_async(executor, "execute", "aexecute") else \
-            (lambda t, args, timeout_s: Blocking(executor.execute, t, args, timeout_s))
+            (lambda t, args, timeout_s: in_thread(executor.execute, t, args, timeout_s))
 
 
 async def _ring(s: RunState, ops: _Ops, log: RunLog, guards: Guards, final: list[str | None]) -> Stop:
@@ -303,13 +305,13 @@ async def _ask(s: RunState, ops: _Ops, log: RunLog) -> Reply:
 async def _count(s: RunState, ops: _Ops) -> None:
     """The model's own count of the next prompt, bounded by the run's clock; a courtesy: whatever
     goes wrong, the estimate holds."""
-    if interrupted():
-        raise KeyboardInterrupt
+    await checkpoint()
     if s.log is not None:
         s.log.flush()  # the file is whole while the run waits
+    s.doing = "the token count"
     try:
-        counted = await within(s.deadline(), ops.count(s.view.messages, s.registry.schemas()))
-    except (Expired, Exception):  # noqa: BLE001
+        counted = await waited(ops.count(s.view.messages, s.registry.schemas()))
+    except Exception:  # noqa: BLE001
         counted = None
     s.set_count(counted)
 
@@ -317,9 +319,9 @@ async def _count(s: RunState, ops: _Ops) -> None:
 async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
     """One request. Whatever an adapter raises ends the run as endpoint_error, never as a traceback;
     so does a reply nested too deep for the log to record and read back. Past max_wall_seconds the
-    run goes on without the request (it stops max_wall_seconds)."""
-    if interrupted():
-        raise KeyboardInterrupt
+    run goes on without the request (it stops max_wall_seconds: `on_the_clock`)."""
+    await checkpoint()
+    s.doing = "the model request"
     live = [True]  # a retry reported after the request ended (an abandoned worker) is not this run's
 
     def retried(attempt: int, status: int | None, wait_s: float, reason: str) -> None:
@@ -329,15 +331,13 @@ async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
 
     reporting = ON_RETRY.set(retried)
     try:
-        reply = await within(s.deadline(), ops.complete(request))
-    except Expired:
-        limit, elapsed = s.limits.max_wall_seconds, s.elapsed()
-        raise StopError(StopReason.MAX_WALL_SECONDS, f"{elapsed:.2f}s elapsed: the model request was still "
-                        f"running at max_wall_seconds={limit:g}; the run went on without it",
-                        limit=limit, value=round(elapsed, 3)) from None
+        await past_the_clock(s)  # a deadline already passed starts nothing
+        reply = await waited(ops.complete(request))
     except StopError:
+        await past_the_clock(s)  # an adapter's failure after the deadline: the clock's stop
         raise
     except Exception as exc:  # noqa: BLE001
+        await past_the_clock(s)
         raise StopError(StopReason.ENDPOINT_ERROR,
                         f"the model adapter raised {type(exc).__name__}: {exc}") from exc
     finally:
@@ -346,11 +346,7 @@ async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
     if not isinstance(reply, Reply):
         raise StopError(StopReason.ENDPOINT_ERROR, f"the model adapter returned {type(reply).__name__}, "
                         "not a Reply")
-    deadline = s.deadline()
-    if deadline is not None and time.monotonic() > deadline:  # it blocked the loop, or kept on past the cancel
-        limit, elapsed = s.limits.max_wall_seconds, s.elapsed()
-        raise StopError(StopReason.MAX_WALL_SECONDS, f"{elapsed:.2f}s elapsed: the model's reply came after "
-                        f"max_wall_seconds={limit:g}; it was not used", limit=limit, value=round(elapsed, 3))
+    await past_the_clock(s)  # it blocked the loop, or kept on past the cancel: not used
     levels = max([depth(reply.raw), *(depth(c.arguments) for c in reply.tool_calls)])
     if levels > MAX_DEPTH:
         raise StopError(StopReason.ENDPOINT_ERROR, f"the reply is nested {levels:,} levels deep (the "
@@ -359,9 +355,9 @@ async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
 
 
 async def _execute(s: RunState, log: RunLog, ops: _Ops, c: CheckedCall) -> ToolResult:
-    if interrupted():
-        raise KeyboardInterrupt
+    await checkpoint()
+    s.doing = f"the call to {c.tool.name}"
     announce(s, log, c)  # intent logged, outcome not yet: a stop now leaves it outcome_unknown
-    result = await ops.execute(c.tool, c.args, s.tool_timeout())
+    result = await waited(ops.execute(c.tool, c.args, s.tool_timeout()))
     s.in_flight = None
     return result

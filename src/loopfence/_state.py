@@ -56,6 +56,8 @@ class RunState:
     cache: ResultCache = None  # type: ignore[assignment]  # None: ElidedAwareCache over the view
     pending: list[ToolCall] = field(default_factory=list)  # requested calls still owed a result
     in_flight: ToolCall | None = None  # the call executing now (its intent is already logged)
+    doing: str = "the run"  # what the ring awaits now (named by a max_wall_seconds stop)
+    clock: Any = None  # the run's wall-clock scope (asyncio.Timeout) while the ring runs
     bad_streak: int = 0
     log: RunLog | None = None  # the run's log: guards and gates write their own (typed) events
     chain: str = ""  # running hash over the conversation: request fingerprints in O(1) per message

@@ -9,6 +9,7 @@ log that `loopfence reconcile` folds through the ring like any other.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -30,7 +31,7 @@ from ._messages import Reply, Request
 from ._prices import PricesArg, price_book
 from ._repeats import outcome_fingerprint
 from ._state import RunState
-from ._stops import RunResult, Stop, StopReason
+from ._stops import RunResult, Stop, StopError, StopReason
 from ._log._schema import LogEvent
 from ._log._writer import FORMAT, VERSION, RunLog
 from .tools._executor import Executor, ToolResult, error_result, refusal
@@ -38,9 +39,46 @@ from .tools._registry import Registry, Tool, ToolKind
 
 __all__ = ["start", "new_state", "config_of", "set_price", "describe_model", "open_request", "close_reply",
            "settle_contract", "announce", "run_call", "end_turn", "deliver_note", "record", "settle",
-           "finish", "nudge"]
+           "finish", "nudge", "on_the_clock", "past_the_clock"]
 
 C = TypeVar("C", Limits, Policy)
+T = TypeVar("T")
+
+
+# -- the run's wall clock --------------------------------------------------------------------------
+CLOCK_GRACE_S = 0.05  # the scope fires this much after the deadline: what is bounded by the deadline
+# itself (a tool's timeout, never longer than what is left) ends first and is answered as such
+
+
+async def on_the_clock(s: RunState, aw: Awaitable[T]) -> T:
+    """`aw` under the run's wall clock: ONE scope (`asyncio.timeout`) around the ring. Past
+    max_wall_seconds whatever it awaits is cancelled (a sync call on a worker is left behind), and
+    this is the one place that turns the expiry into the `max_wall_seconds` stop (a StopError naming
+    `s.doing`, what was running)."""
+    deadline = s.deadline()
+    scope = asyncio.timeout(None if deadline is None else deadline + CLOCK_GRACE_S - time.monotonic())
+    outer, s.clock = s.clock, scope
+    try:
+        async with scope:
+            return await aw
+    except TimeoutError:
+        if not scope.expired():
+            raise  # something inside raised its own TimeoutError
+    finally:
+        s.clock = outer
+    limit, elapsed = s.limits.max_wall_seconds, s.elapsed()
+    raise StopError(StopReason.MAX_WALL_SECONDS, f"{elapsed:.2f}s elapsed: {s.doing} was still running at "
+                    f"max_wall_seconds={limit:g}; the run went on without it", limit=limit, value=round(elapsed, 3))
+
+
+async def past_the_clock(s: RunState) -> None:
+    """Past the deadline (a reply that came late, an adapter that blocked the loop, a replayed
+    clock), nothing more is started or used: the clock's scope ends the run now."""
+    deadline = s.deadline()
+    if deadline is not None and s.clock is not None and time.monotonic() >= deadline:
+        loop = asyncio.get_running_loop()
+        s.clock.reschedule(loop.time())
+        await loop.create_future()  # cancelled by the scope
 
 
 def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limits | Mapping[str, Any] | None,

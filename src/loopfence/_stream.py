@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ._aio import run_sync
 from ._loop import arun
 from ._stops import RunResult
 from ._log._schema import LogEvent, StopLine
@@ -130,7 +131,7 @@ def _cancel(run: asyncio.Task[Any]) -> None:
 
 
 def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
-    """The sync iteration: arun on a thread with its own loop, events through a queue."""
+    """The sync iteration: arun through the one bridge on a thread of its own, events through a queue."""
     q: queue.SimpleQueue[Any] = queue.SimpleQueue()
     handle: list[Any] = []  # (loop, task) once the run has started
     failed: list[BaseException] = []
@@ -141,7 +142,7 @@ def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
 
     def main() -> None:
         try:
-            rs.result = asyncio.run(go())
+            rs.result = run_sync(go())
         except BaseException as exc:  # noqa: BLE001 - handed to the iterating thread
             failed.append(exc)
         finally:

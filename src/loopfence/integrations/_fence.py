@@ -15,10 +15,8 @@ An adapter (one module per framework: `loopfence.integrations.pydantic_ai`, ...)
 
 `end_turn()` (after_turn: no_progress, a nudge that is due) runs by itself before the next request.
 A framework whose hooks are plain functions calls `model_request_sync(send, to_reply)` and
-`call_sync(call_id, execute)` instead, with blocking `send`/`execute`: the same async core, driven
-right on the calling thread with no event loop (`_offload.drive`: the blocking call on a worker thread
-while a clock is set, one hand-off there and back), or on the run's own event loop where a guard's
-decision may wait (an approval hook).
+`call_sync(call_id, execute)` instead, with blocking `send`/`execute`: the same async core through
+the one bridge (`_aio.run_sync`), the blocking call on the worker pool while a clock is set.
 Every step is the ring's own (`loopfence._steps`), over the same `Guards` and `RunState`, so a fenced
 run's log folds through the ring: `loopfence reconcile` checks it like any other.
 
@@ -45,7 +43,7 @@ from typing import Any, TypeVar
 
 from pydantic_core import to_jsonable_python
 
-from .._aio import Expired, in_thread, run_sync, within
+from .._aio import CTRL_C, in_thread, run_sync, waited
 from .._compact import Compaction
 from .._contract import CheckedCall, check_reply, requested_max_tokens
 from .._gate import ApprovalHook, UntrustedGate
@@ -54,16 +52,14 @@ from .._limits import Limits, Policy
 from .._messages import Reply, Request
 from .._prices import PricesArg
 from .._state import RunState
-from .._steps import (announce, close_reply, deliver_note, end_turn, finish, open_request, record, run_call,
-                      settle_contract, start)
-from .._stops import RunResult, Stop, StopReason
-from .._runner import close_loop
+from .._steps import (announce, close_reply, deliver_note, end_turn, finish, on_the_clock, open_request, record,
+                      run_call, settle_contract, start)
+from .._stops import RunResult, Stop, StopError, StopReason
 from .._log._schema import LogEvent
 from .._log._writer import RunLog
 from ..tools._executor import DEFAULT_RESULT_CAP, Executor, ToolResult, refusal
 from ..tools._registry import Tool, ToolKind
 from ..tools._registry import tool as make_tool
-from ._offload import Offload, drive
 
 __all__ = ["Fence", "FencedRun", "FenceStop", "Fenced", "LimitOf", "framework_limit", "versions"]
 
@@ -205,9 +201,7 @@ class Fence:
         state, runlog, guards, _ = start(task, _Described(framework, model), list(tools), self.limits, self.policy,
                                          system, None, log, extra, None, header, gate, None, Compaction.off(),
                                          self.on_event, self.prices)
-        waits = self.approve is not None or any(type(g).before_execution is not Guard.before_execution
-                                                for g in extra or ())  # a decision that may await
-        return FencedRun(self, state, runlog, guards, stop_error, waits=waits, limit_of=limit_of)
+        return FencedRun(self, state, runlog, guards, stop_error, limit_of=limit_of)
 
 
 def _known_kinds(kinds: Mapping[str, ToolKind], tools: list[Tool]) -> None:
@@ -268,11 +262,9 @@ class FencedRun:
     """One framework run under the fence. Its methods are the ring's phases; see the module doc."""
 
     def __init__(self, fence: Fence, state: RunState, log: RunLog, guards: Guards,
-                 stop_error: type[FenceStop] = FenceStop, *, waits: bool = True,
-                 limit_of: LimitOf | None = None) -> None:
+                 stop_error: type[FenceStop] = FenceStop, *, limit_of: LimitOf | None = None) -> None:
         self.fence = fence
         self.limit_of = limit_of
-        self.waits = waits  # a guard's decision may await (an approval hook): call_sync runs on an event loop
         self.state = state
         self.log = log
         self.guards = guards
@@ -284,7 +276,6 @@ class FencedRun:
         self._asked: tuple[int, int, float] | None = None  # the open request: step, estimate, start
         self._lock = asyncio.Lock()  # one call at a time, as the ring runs them
         self._executor = Executor(fence.result_cap)
-        self._loop: asyncio.AbstractEventLoop | None = None  # the sync wrappers' event loop
         self._sync_lock = threading.Lock()
         self._turn_taken = threading.Condition(self._sync_lock)  # a call of the reply has run (call_sync)
         state.log = log
@@ -341,19 +332,12 @@ class FencedRun:
         framework's response; raises the stop. What `send` raises ends the run `endpoint_error` (or
         `framework_limit`, the framework's own limit checked in the request) and is raised on
         unchanged, after the stop is written."""
-        return await self._request(send, to_reply, self.state.deadline())
-
-    async def _request(self, send: Callable[[Request, str | None], Awaitable[T]], to_reply: Callable[[T], Reply],
-                       deadline: float | None) -> T:
-        """`model_request`, `send` awaited until `deadline` (None: `send` keeps the clock itself)."""
         request, note = await self.before_request()
         try:
-            response = await within(deadline, send(request, note))  # a timer only if it has to wait
-        except Expired:
-            limit, elapsed = self.state.limits.max_wall_seconds, self.state.elapsed()
-            raise self._stop(Stop(StopReason.MAX_WALL_SECONDS, f"{elapsed:.2f}s elapsed: the model request was "
-                                  f"still running at max_wall_seconds={limit:g}",
-                                  {"limit": limit, "value": round(elapsed, 3)})) from None
+            self.state.doing = "the model request"
+            response = await on_the_clock(self.state, waited(send(request, note)))
+        except StopError as exc:  # past max_wall_seconds
+            raise self._stop(exc.stop) from None
         except TimeoutError:  # the framework's own timeout: its error
             self.finish(Stop(StopReason.ENDPOINT_ERROR, "the model request raised TimeoutError"))
             raise
@@ -373,8 +357,8 @@ class FencedRun:
     async def call(self, call_id: str, execute: Callable[[], Awaitable[Any]]) -> Any:
         """One call of the last reply, as the framework runs it: answered from the read-only cache,
         refused (the gate, a guard's refusal, a nudge), or executed by `execute()` (the framework's
-        own tool function) under tool_timeout_s. What the framework gets back: the function's own
-        value when it ran, else the result text loopfence gives the model. Raises the stop; what
+        own tool function) under tool_timeout_s (a second scope). What the framework gets back: the
+        function's own value when it ran, else the result text loopfence gives the model. Raises the stop; what
         `execute()` raises is recorded as the call's error result and raised on unchanged."""
         self._refuse_if_finished()
         turn = self.turn
@@ -399,14 +383,7 @@ class FencedRun:
 
     async def _execute(self, c: CheckedCall, execute: Callable[[], Awaitable[Any]], ran: list[Any]) -> ToolResult:
         """The framework's function, run by loopfence's executor (timeout, structured errors, the
-        result cap): its value is kept for the framework, its exception for raising on. A blocking
-        one (`call_sync`) is handed to `drive`'s worker, which keeps the timeout itself."""
-        timeout = self.state.tool_timeout()
-        start = time.monotonic()
-        blocking = isinstance(execute, _Blocking)
-        if isinstance(execute, _Blocking):
-            execute = execute.until(None if timeout is None else start + timeout)
-
+        result cap): its value is kept for the framework, its exception for raising on."""
         async def fn() -> Any:
             try:
                 value = await execute()
@@ -419,9 +396,7 @@ class FencedRun:
         announce(self.state, self.log, c)
         token = _RUNNING.set(fn)
         try:
-            result = await self._executor.aexecute(c.tool, c.args, None if blocking else timeout)
-        except _Late:  # past tool_timeout_s: the run goes on without it
-            result = self._executor.timed_out(c.tool, timeout, time.monotonic() - start)
+            result = await self._executor.aexecute(c.tool, c.args, self.state.tool_timeout())
         finally:
             _RUNNING.reset(token)
         self.state.in_flight = None
@@ -429,55 +404,34 @@ class FencedRun:
 
     # -- from sync code (a framework whose hooks are plain functions) -------------------------------
     def model_request_sync(self, send: Callable[[Request, str | None], T], to_reply: Callable[[T], Reply]) -> T:
-        """`model_request` for a framework calling from sync code, with a blocking `send`: the async
-        core, driven right here (`_offload.drive`: no event loop). Under a wall clock `send` runs on a
-        worker thread, so the clock can cut it (the run goes on without it); without one, right here."""
-        deadline = self.state.deadline()
+        """`model_request` for a framework calling from sync code, with a blocking `send`, through the
+        one bridge (`_aio.run_sync`). Under a wall clock `send` runs on the worker pool, so the clock
+        can cut it (the run goes on without it); without one, right here."""
+        timed = self.state.deadline() is not None
 
-        def asend(request: Request, note: str | None) -> Offload:
-            return Offload(send, (request, note), deadline)
+        async def asend(request: Request, note: str | None) -> T:
+            return await in_thread(send, request, note) if timed else send(request, note)
 
         with self._sync_lock:
-            try:
-                return drive(self._request(asend, to_reply, None))
-            finally:
-                self._close_loop_if_finished()
+            return _bridged(self.model_request(asend, to_reply))
 
     def call_sync(self, call_id: str, execute: Callable[[], Any]) -> Any:
-        """`call` for a framework calling from sync code, with a blocking `execute`: the async core,
-        driven right here (on this run's own event loop where a guard's decision may wait: an approval
-        hook). One reply's calls arriving on several threads at once run one at a time, in the reply's
-        order (as the ring runs them; a call not passed to the fence within ORDER_GRACE_S is not
-        waited for). Under a timeout `execute` runs on a worker thread, so tool_timeout_s can cut it;
-        without one, right here."""
+        """`call` for a framework calling from sync code, with a blocking `execute`, through the one
+        bridge. One reply's calls arriving on several threads at once run one at a time, in the
+        reply's order (as the ring runs them; a call not passed to the fence within ORDER_GRACE_S is
+        not waited for). Under a timeout `execute` runs on the worker pool, so tool_timeout_s can cut
+        it; without one, right here."""
+        timed = self.state.tool_timeout() is not None
+
+        async def aexecute() -> Any:
+            return await in_thread(execute) if timed else execute()
+
         with self._sync_lock:
             self._await_turn(call_id)
             try:
-                if not self.waits:
-                    return drive(self.call(call_id, _Blocking(execute)))
-                timed = self.state.tool_timeout() is not None
-
-                async def aexecute() -> Any:
-                    return await in_thread(execute) if timed else execute()
-
-                return self._drive_locked(self.call(call_id, aexecute))
+                return _bridged(self.call(call_id, aexecute))
             finally:
-                self._close_loop_if_finished()
                 self._turn_taken.notify_all()
-
-    def _drive_locked(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one step of the async core to its end from sync code on this run's own event loop
-        (made once, closed when the run finishes), or, where this thread is already running a loop,
-        as `run_sync` does (on a runner thread of its own)."""
-        if _loop_running():
-            return run_sync(coro)
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(coro)
-
-    def _close_loop_if_finished(self) -> None:
-        if self.result is not None:
-            self._close_loop()
 
     def _await_turn(self, call_id: str) -> None:
         """Wait (holding the sync lock between waits) until `call_id` is the reply's first call not yet run."""
@@ -493,12 +447,6 @@ class FencedRun:
         if turn is None or not turn.waiting.get(call_id):
             return None
         return next((c.call.id for c in turn.calls if c in turn.waiting.get(c.call.id, ())), None)
-
-    def _close_loop(self) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_running():  # a run finishing inside _drive: closed after it
-            self._loop = None
-            close_loop(loop)
 
     def end_turn(self) -> str | None:
         """Once every call of the last reply has its result (the next request calls this itself):
@@ -535,7 +483,6 @@ class FencedRun:
             stop = self.answer or Stop(StopReason.EMPTY_ANSWER, "the framework ended its run with no answer")
         self.result = finish(self.state, self.log, stop, self.final)
         self.fence.results.append(self.result)
-        self._close_loop()
         return self.result
 
     def _limit(self, error: BaseException) -> Stop | None:
@@ -550,35 +497,20 @@ class FencedRun:
             raise self.stop_error(self.result.stop, self.result)
 
 
-def _loop_running() -> bool:
-    """Whether this thread is running an event loop now."""
-    return asyncio._get_running_loop() is not None
+def _bridged(coro: Coroutine[Any, Any, T]) -> T:
+    """A step from sync code through the one bridge; a Ctrl-C (which ended the run `cancelled`) is
+    raised on as KeyboardInterrupt, as sync code expects."""
+    try:
+        return run_sync(coro)
+    except asyncio.CancelledError as exc:
+        if exc.args == (CTRL_C,):
+            raise KeyboardInterrupt from None
+        raise
 
 
 @dataclass(frozen=True, slots=True)
 class _Raised:
     exc: BaseException
-
-
-class _Late(asyncio.CancelledError):
-    """A blocking call past tool_timeout_s (thrown in where it was awaited: through the executor,
-    which lets a cancel through, to `_execute`, which answers the call `timeout`)."""
-
-
-class _Blocking:
-    """A framework's blocking function for one call (`call_sync`): `_execute` hands it to `drive`'s
-    worker thread, until the call's deadline."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self) -> Offload:  # a call the fence does not check (not asked for by a reply of this run)
-        return Offload(self.fn, (), None)
-
-    def until(self, deadline: float | None) -> Callable[[], Offload]:
-        return lambda: Offload(self.fn, (), deadline, _Late)
 
 
 class Fenced:

@@ -30,7 +30,6 @@ from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from typing import Any
 
-from .._runner import close_loop
 from ._spec import McpServer
 
 __all__ = ["CONNECTION_CLOSED", "Connection", "Host", "LoopHost", "McpServerError", "StderrTail", "leaf_error",
@@ -322,7 +321,7 @@ class Host:
         try:
             self.loop.run_forever()
         finally:
-            close_loop(self.loop)
+            _close_loop(self.loop)
 
     def on_own_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -389,3 +388,16 @@ async def open_all(conns: list[Connection], closing: asyncio.Event) -> list[asyn
         await asyncio.gather(*tasks, return_exceptions=True)
         raise errors[0]
     return tasks
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what was left on the host's loop, then close it."""
+    try:
+        left = asyncio.all_tasks(loop)
+        for t in left:
+            t.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()

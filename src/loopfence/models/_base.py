@@ -13,8 +13,8 @@ Required: `complete(request) -> Reply` (sync) and `describe()`. Optional, found 
 A model signals a stop it cannot recover from (endpoint errors, context overflow, a broken
 stream that yields nothing) by raising `StopError`; the ring turns it into a value. Any other
 exception is a bug in the adapter (the ring names it endpoint_error). `request.deadline`, when
-set, is the `time.monotonic()` the run ends at: an adapter may stop early with max_wall_seconds
-(rather than start work it cannot finish), but the ring enforces it whatever the adapter does.
+set, is the `time.monotonic()` the run ends at: an adapter may decline to start work it cannot
+finish, but only the run decides that the run is over (its wall clock is one scope around the ring).
 `loopfence.testing.check_model` checks an adapter against all of this.
 """
 

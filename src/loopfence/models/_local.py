@@ -179,7 +179,8 @@ class LocalModel:
 
 def _check_time(request: Request) -> None:
     if request.deadline is not None and time.monotonic() >= request.deadline:
-        raise StopError(StopReason.MAX_WALL_SECONDS, "no time left for a local model request")
+        raise StopError(StopReason.ENDPOINT_ERROR, "no time left for a local model request: the run's deadline "
+                        "has passed (not started)")
 
 
 def _bound(own: int, ring: int | None) -> int:

@@ -10,17 +10,16 @@ concurrent runs on a loop share its connections (`limits`: 100 connections by de
 alive; requests beyond them wait their turn, at most the pool timeout).
 
 Time: each phase (connect, write, pool, read = the gap between chunks) has its configured timeout
-(`Timeouts`). The request as a whole is bounded by `request.deadline` (the run's max_wall_seconds)
-and `request_timeout`, whichever is sooner, by cancellation (`asyncio.timeout`): at the deadline
-the request is cancelled, its connection closed, and the stop is max_wall_seconds (or
-endpoint_error for request_timeout). Cancelling the awaiting task (the run's own deadline, a
-Ctrl-C) closes the request in flight the same way and propagates CancelledError.
+(`Timeouts`), and the request as a whole `request_timeout`, by cancellation (`asyncio.timeout`):
+the request is cancelled, its connection closed, and the stop is endpoint_error. The run's own
+wall clock is not the adapter's to keep: the run cancels the awaiting task at max_wall_seconds
+(as on a Ctrl-C), which closes the request in flight the same way and propagates CancelledError.
 
 Retries (max_retries, exponential backoff with jitter): connection errors and timeouts before a
 response, HTTP 408, 409, 429 and 5xx, and a non-streamed body cut short. `Retry-After` (or
 `retry-after-ms`) is honoured when it is at most `retry_after_cap`; a longer one stops the run at
-once (endpoint_error) rather than retrying early. A wait that would pass the deadline stops with
-max_wall_seconds instead of sleeping. Never mid-stream: once a streaming 200 has begun, a broken
+once (endpoint_error) rather than retrying early. A wait that would pass request_timeout stops
+at once (endpoint_error) instead of sleeping. Never mid-stream: once a streaming 200 has begun, a broken
 stream is an incomplete reply (the ring stops incomplete_stream), not a retry.
 
 Size: a response body is read within `max_response_bytes` (default 32 MiB; None: unbounded), counted
@@ -169,15 +168,13 @@ class OpenAIModel:
     async def _acomplete(self, request: Request) -> Reply:
         body = self.body(request)
         tools = tuple(t.get("function", {}).get("name", "") for t in request.tools if isinstance(t, dict))
-        own = None if self.request_timeout is None else time.monotonic() + self.request_timeout
-        run = request.deadline
-        deadline = run if own is None else own if run is None else min(run, own)
+        deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         retry = 0
         while True:
-            self._check_time(deadline, run, "the model request")
+            self._check_time(deadline)
             try:
                 return await self._bounded(lambda: attempt(self._clients.get(), self._wire(request.run_id),
-                                                           body, tools), deadline, run)
+                                                           body, tools), deadline)
             except Retry as r:
                 retry += 1
                 status = r.stop.stop.data.get("status")
@@ -190,18 +187,16 @@ class OpenAIModel:
                     backoff_delay(retry, self.backoff_base, self.backoff_max, self._rng)
                 if deadline is not None and time.monotonic() + delay >= deadline:
                     left = max(0.0, deadline - time.monotonic())
-                    reason = StopReason.MAX_WALL_SECONDS if deadline == run else StopReason.ENDPOINT_ERROR
-                    what = "max_wall_seconds" if deadline == run else f"request_timeout={self.request_timeout:g}s"
-                    raise StopError(reason, f"{r.stop.stop.detail}; retry {retry} in {delay:.2f}s would pass "
-                                    f"{what} ({left:.2f}s left)", status=status, attempts=retry,
+                    raise StopError(StopReason.ENDPOINT_ERROR, f"{r.stop.stop.detail}; retry {retry} in "
+                                    f"{delay:.2f}s would pass request_timeout={self.request_timeout:g}s "
+                                    f"({left:.2f}s left)", status=status, attempts=retry,
                                     retry_in_s=round(delay, 3), left_s=round(left, 3)) from None
                 self.retries += 1
                 report_retry(retry, status if isinstance(status, int) else None, round(delay, 3),
                              r.stop.stop.detail)
                 await asyncio.sleep(delay)
 
-    async def _bounded(self, work: Callable[[], Coroutine[Any, Any, Reply]], deadline: float | None,
-                       run: float | None) -> Reply:
+    async def _bounded(self, work: Callable[[], Coroutine[Any, Any, Reply]], deadline: float | None) -> Reply:
         """One attempt, cancelled at the deadline (its connection closed), which is then a stop."""
         if deadline is None:
             return await work()
@@ -212,7 +207,7 @@ class OpenAIModel:
         except TimeoutError:
             if not timer.expired():
                 raise
-        self._check_time(deadline, run, "the model request", force=True)
+        self._check_time(deadline, force=True)
         raise AssertionError("unreachable: _check_time(force=True) raises")
 
     def _wire(self, run_id: str | None = None) -> Wire:
@@ -291,13 +286,10 @@ class OpenAIModel:
         s = stop.stop
         return StopError(s.reason, s.detail + why, **s.data)
 
-    def _check_time(self, deadline: float | None, run: float | None, what: str, force: bool = False) -> None:
+    def _check_time(self, deadline: float | None, force: bool = False) -> None:
         if deadline is None or (not force and time.monotonic() < deadline):
             return
-        if deadline == run:
-            raise StopError(StopReason.MAX_WALL_SECONDS, f"{what} was cut off at the run's deadline "
-                            "(max_wall_seconds)")
-        raise StopError(StopReason.ENDPOINT_ERROR, f"{what} took longer than request_timeout="
+        raise StopError(StopReason.ENDPOINT_ERROR, f"the model request took longer than request_timeout="
                         f"{self.request_timeout:g}s", request_timeout=self.request_timeout)
 
 

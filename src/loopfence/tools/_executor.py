@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .._aio import Blocking, Expired, run_sync, within
+from .._aio import Expired, in_thread, run_sync, within
 from .._json import canonical_json, fingerprint, loggable
 from ._registry import Tool, ToolKind
 
@@ -219,7 +219,7 @@ async def _perform(t: Tool, args: dict[str, Any], deadline: float | None,
             finally:
                 _CALL.reset(token)
         grace = SELF_TIMED_GRACE_S if t.self_timed and deadline is not None else 0.0
-        return await within(None if deadline is None else deadline + grace, Blocking(call.run, t.fn, args))
+        return await within(None if deadline is None else deadline + grace, in_thread(call.run, t.fn, args))
     except BaseException:  # Expired, cancelled: the run goes on without it; stop what can be stopped
         call.stop()
         raise
