@@ -24,7 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from ._aio import run_sync
+from ._aio import loop_running, run_sync
 from ._batch import BatchResult, Episode, abatch
 from ._compact import Compaction
 from ._gate import ApprovalHook, UntrustedGate
@@ -187,7 +187,7 @@ class _OwnLoop:
         self._lock = threading.Lock()
 
     def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        if _loop_running() or not self._lock.acquire(blocking=False):
+        if loop_running() or not self._lock.acquire(blocking=False):
             return run_sync(make())
         try:
             if self._runner is None:
@@ -210,17 +210,9 @@ class _OwnLoop:
             finally:
                 runner.close()
 
-        if _loop_running():  # closed from async code: the agent's loop cannot run on this thread
+        if loop_running():  # closed from async code: the agent's loop cannot run on this thread
             helper = threading.Thread(target=shut, name="loopfence-agent-close")
             helper.start()
             helper.join()
         else:
             shut()
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["Expired", "within", "waited", "in_thread", "run_sync", "checkpoint", "prefers_async", "Meter",
+__all__ = ["Expired", "within", "waited", "in_thread", "run_sync", "loop_running", "checkpoint", "prefers_async", "Meter",
            "METER", "CTRL_C", "MAX_THREADS", "worker_threads"]
 
 T = TypeVar("T")
@@ -206,7 +206,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         if task and not task[0].done():
             task[0].cancel(CTRL_C)
 
-    if not _loop_running():
+    if not loop_running():
         return _here(main(), cancel)
     ctx = contextvars.copy_context()
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -232,7 +232,8 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
             loop[0].call_soon_threadsafe(cancel)
 
 
-def _loop_running() -> bool:
+def loop_running() -> bool:
+    """True when an event loop is running on this thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
