@@ -15,7 +15,7 @@ import pytest
 
 from loopfence import StopReason, tool
 from loopfence._aio import MAX_THREADS
-from loopfence._loop import arun
+from loopfence import arun
 from loopfence.runlog import reconcile
 
 pytestmark = pytest.mark.slow

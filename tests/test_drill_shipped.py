@@ -167,7 +167,7 @@ def test_the_shipped_drills_give_the_same_stops_and_counts_through_run_and_arun(
     each passes its expectations, and both entries give the same stop and counts."""
     import asyncio
 
-    from loopfence._loop import arun
+    from loopfence import arun
     from loopfence.drill import _runner, run_scenario
 
     if entry == "arun":

@@ -20,7 +20,7 @@ import pytest
 
 from loopfence import Guard, Limits, RunLog, ScriptedModel, StopReason, run, tool
 from loopfence._aio import MAX_THREADS, worker_threads
-from loopfence._loop import arun
+from loopfence import arun
 from loopfence.runlog import reconcile
 from loopfence.testing import calls_reply, text_reply, tool_call
 from loopfence.tools._executor import Executor, time_left

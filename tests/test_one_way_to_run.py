@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from loopfence import Limits, RunLog, ScriptedModel, StopReason, run, tool
-from loopfence._loop import arun
+from loopfence import arun
 from loopfence.runlog import reconcile
 from loopfence.testing import calls_reply, text_reply, tool_call
 

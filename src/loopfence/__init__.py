@@ -11,7 +11,7 @@
 
 from typing import Any
 
-from ._agent import Agent
+from ._agent import Agent, arun, run, stream
 from ._batch import abatch, batch
 from ._compact import Compaction
 from ._contract import CheckedCall
@@ -19,10 +19,9 @@ from ._gate import UntrustedGate, approve_all, deny_all
 from ._guards import Guard, RunView
 from ._limits import LedgerSnapshot, Limits, Policy
 from ._log import RunLog
-from ._loop import arun, run
 from ._messages import Reply, Request, ToolCall, Usage
 from ._stops import RunResult, Stop, StopReason, Verdict
-from ._stream import RunStream, stream
+from ._stream import RunStream
 from .mcp import mcp_tools  # tools from MCP servers (loopfence[mcp]); the SDK loads when a group opens
 from .models import Model, ScriptedModel
 from .tools import Registry, Tool, ToolKind, ToolResult, refusal, tool, workspace_tools

@@ -1,36 +1,35 @@
-"""`Agent`: a run's configuration, checked once, then any number of tasks.
+"""`Agent`: a run's configuration, checked once, then any number of tasks; and `run`, `arun`,
+`stream`, which make one for a single task.
 
     agent = Agent(model=OpenAIModel.from_env(), tools=workspace_tools("."), limits="coding")
     result = agent.run("Fix the failing test")        # or: await agent.arun(...), agent.stream(...)
     agent.batch("episodes.jsonl", out="runs/job")      # every episode under the same settings
 
-Everything an Agent runs goes through `arun()`. Its sync calls (`run`, `batch`) share one event loop
-of the agent's own (an `asyncio.Runner`), so an `OpenAIModel`, which keeps a connection pool per
-event loop, keeps one pool, and its keep-alive connections, from run to run. `close()` (or `with`)
-closes that loop and the model's connections.
+Every run goes through one path, `_loop.to_stop`. An agent's sync calls (`run`, `batch`, a sync
+`stream`) share one event loop of the agent's own (`_aio.KeptLoop`), so an `OpenAIModel`, which
+keeps a connection pool per event loop, keeps one pool, and its keep-alive connections, from run to
+run. `close()` (or `with`) closes that loop and the model's connections. `run(task, model=...)`
+makes an agent and runs the task on a fresh loop, closed after, as one call should.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import threading
 import uuid
-import weakref
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Unpack
 
-from ._aio import loop_running, run_sync
+from ._aio import KeptLoop, run_sync
 from ._batch import BatchResult, Episode, abatch
 from ._compact import Compaction
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard
 from ._limits import Limits, Policy
-from ._loop import arun, check_model, check_price
+from ._loop import LogArg, RunSettings, Settings, arun_with, check_model, check_price, to_stop
 from ._prices import PricesArg
 from ._steps import config_of
 from ._stops import RunResult
@@ -41,9 +40,8 @@ from ._log._writer import RunLog
 from .tools._executor import Executor
 from .tools._registry import Registry, Tool
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "run", "arun", "stream"]
 
-T = TypeVar("T")
 Episodes = str | Path | Iterable[Episode | Mapping[str, Any]] | None
 
 
@@ -65,10 +63,10 @@ class Agent:
       default) writes none. One call's own file: `agent.run(task, log="that.jsonl")` (a path or a
       RunLog, as run() takes it).
 
-    `run()` and `batch()` run on the agent's event loop, one loop for all its sync calls (inside a
-    running event loop, or while another thread is using it, a call gets a loop of its own, as
-    `run()` does). Ctrl-C there cancels the run: it ends `cancelled`, its stop in the log, and then
-    KeyboardInterrupt is raised. `close()` (or `with Agent(...) as agent:`) closes the loop and the
+    `run()`, `batch()` and a sync `stream()` run on the agent's event loop, one loop for all its sync
+    calls (inside a running event loop, or while another thread is using it, a call gets a loop of
+    its own, as `run()` does). Ctrl-C during `agent.run()` ends the run `cancelled` and returns its
+    result, as `run()` does (a second Ctrl-C raises KeyboardInterrupt). `close()` (or `with Agent(...) as agent:`) closes the loop and the
     model's connections (an `OpenAIModel` opens new ones if it is used again).
     """
 
@@ -87,7 +85,7 @@ class Agent:
     prices: PricesArg = None
     header: Mapping[str, Any] | None = None
     executor: Executor | None = None
-    _loop: _OwnLoop = field(init=False, repr=False)
+    _loop: KeptLoop = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen: set once, here
@@ -100,21 +98,22 @@ class Agent:
         put("guards", None if self.guards is None else tuple(self.guards))
         _check_folder(self.log)
         check_price(self.model, self.limits, self.prices, dict(self.params))  # type: ignore[arg-type]
-        put("_loop", _OwnLoop())
+        put("_loop", KeptLoop())
 
     # -- one task ------------------------------------------------------------------------------------
-    async def arun(self, task: str, **changes: Any) -> RunResult:
+    async def arun(self, task: str, **changes: Unpack[RunSettings]) -> RunResult:
         """`arun()` with the agent's settings (any of them changed for this call by keyword)."""
-        return await arun(task, **self._settings(changes))
+        return await arun_with(task, self._settings(changes))
 
-    def run(self, task: str, **changes: Any) -> RunResult:
+    def run(self, task: str, **changes: Unpack[RunSettings]) -> RunResult:
         """The run from sync code, on the agent's event loop (see the class): its RunResult."""
         settings = self._settings(changes)
-        return self._loop.run(lambda: arun(task, **settings))
+        return self._loop.run(lambda: to_stop(task, settings))[0]
 
-    def stream(self, task: str, **changes: Any) -> RunStream:
-        """`stream()` with the agent's settings: `async for` / `for` over the run's typed events."""
-        return RunStream(task, self._settings(changes))
+    def stream(self, task: str, **changes: Unpack[RunSettings]) -> RunStream:
+        """`stream()` with the agent's settings: `async for` / `for` over the run's typed events (a
+        sync `for` runs on the agent's event loop, over its connection pool)."""
+        return RunStream(task, self._settings(changes), self._loop.run)
 
     # -- many ----------------------------------------------------------------------------------------
     async def abatch(self, episodes: Episodes = None, *, out: str | Path, **options: Any) -> BatchResult:
@@ -135,7 +134,8 @@ class Agent:
     # -- the loop ------------------------------------------------------------------------------------
     def close(self) -> None:
         """Close the agent's event loop and its model's connections (`aclose()`, where it has one)."""
-        self._loop.close(self.model)
+        aclose = getattr(self.model, "aclose", None)
+        self._loop.close(aclose if callable(aclose) else None)
 
     def __enter__(self) -> Agent:
         return self
@@ -143,8 +143,8 @@ class Agent:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _settings(self, changes: Mapping[str, Any]) -> dict[str, Any]:
-        """`arun()`'s keywords for one call: the agent's, with `changes` checked as Agent(...) checks."""
+    def _settings(self, changes: Mapping[str, Any]) -> RunSettings:
+        """One run's settings: the agent's, with `changes` checked as Agent(...) checks."""
         changes = dict(changes)
         log = changes.pop("log") if "log" in changes else self._log_file()
         unknown = sorted(set(changes) - set(_SETTINGS))
@@ -152,10 +152,9 @@ class Agent:
             raise TypeError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
                             f"(an Agent's: {', '.join(_SETTINGS)}, log)")
         me = dataclasses.replace(self, **changes) if changes else self
-        settings = {name: getattr(me, name) for name in _SETTINGS}
-        settings.update(params=dict(me.params or {}), header=dict(me.header or {}) or None,
-                        guards=None if me.guards is None else list(me.guards), log=log)
-        return settings
+        settings: dict[str, Any] = {name: getattr(me, name) for name in _SETTINGS}
+        settings.update(header=me.header or None, log=log)
+        return settings  # type: ignore[return-value]
 
     def _log_file(self) -> Path | None:
         if self.log is None:
@@ -178,41 +177,49 @@ def _check_folder(log: Any) -> None:
                          "one run's own file goes to that call: agent.run(task, log=...)")
 
 
-class _OwnLoop:
-    """The agent's event loop for its sync calls, made on first use. Busy (a loop running on the
-    calling thread, or another thread's call on it): the call gets a loop of its own (run_sync)."""
+# -- one task: an Agent made for it ----------------------------------------------------------------
+def run(task: str, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunResult:
+    """Run the fenced loop until it stops for a named reason: `Agent(model=model, **settings)`'s
+    run, on an event loop of its own (inside a running event loop, on a helper thread). Never raises
+    for a stop; raises LogWriteError (an OSError) when the log cannot be written, ending the run
+    where its log ends. Ctrl-C ends the run `cancelled` and returns its result (a second Ctrl-C
+    raises KeyboardInterrupt). A bad argument raises before anything is written or sent.
 
-    def __init__(self) -> None:
-        self._runner: asyncio.Runner | None = None
-        self._lock = threading.Lock()
+    log: a path or a RunLog (None: no log file). The rest as `Agent(...)`'s settings:
+    gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
+    compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables);
+    on_event: called with each typed event (_log._schema) as it is written, header to stop;
+    prices: the price table for the cost budget (`Limits(max_cost_usd=...)`): a mapping
+    `{"model": (input_per_mtok, output_per_mtok)}` ("*": any model nothing else prices) or a TOML
+    file's path, over the `genai-prices` package's table. With a cost budget (or a table) the ledger
+    counts dollars. A cost budget for a model with no known price raises PriceError (a ValueError)
+    before anything is written or sent.
+    """
+    one = Agent(model=model, **settings)._settings({"log": log})
+    return run_sync(to_stop(task, one))[0]
 
-    def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        if loop_running() or not self._lock.acquire(blocking=False):
-            return run_sync(make())
-        try:
-            if self._runner is None:
-                self._runner = asyncio.Runner()
-                weakref.finalize(self, self._runner.close)  # an agent never closed: its loop, at least
-            return self._runner.run(make())
-        finally:
-            self._lock.release()
 
-    def close(self, model: Any) -> None:
-        with self._lock:
-            runner, self._runner = self._runner, None
-        if runner is None:
-            return
+async def arun(task: str, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunResult:
+    """Run the fenced loop until it stops for a named reason, on the running event loop: `Agent(model=
+    model, **settings)`'s arun. Every operation (model request, token count, tool, approval) is
+    awaited under the run's limits: an async adapter (`acomplete`, `acount_tokens`, an `async def`
+    tool) is awaited and cancelled at its deadline; a sync one runs on the worker pool and the run
+    goes on without it at the deadline.
 
-        def shut() -> None:
-            try:
-                if callable(aclose := getattr(model, "aclose", None)):
-                    runner.run(aclose())
-            finally:
-                runner.close()
+    Never raises for a stop; raises LogWriteError (an OSError) when the log cannot be written.
+    Cancelling the task that awaits it (or an `asyncio.timeout` around it) ends the run `cancelled`:
+    nothing new starts, the call in flight is cancelled or killed (its result `outcome_unknown`),
+    every other requested call is answered `not_executed`, the stop line is written, and then
+    CancelledError propagates, as asyncio expects (the stop is in the log: `runlog.read_log`).
+    A SystemExit raised inside (by a model or a guard) ends the run `cancelled` and then propagates;
+    a bug inside loopfence ends it `internal_error` with the traceback in the stop's data.
+    Arguments as `run()`.
+    """
+    return await Agent(model=model, **settings).arun(task, log=log)
 
-        if loop_running():  # closed from async code: the agent's loop cannot run on this thread
-            helper = threading.Thread(target=shut, name="loopfence-agent-close")
-            helper.start()
-            helper.join()
-        else:
-            shut()
+
+def stream(task: str, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunStream:
+    """The run as a stream of its typed events (loopfence._log._schema), ending with the stop; the
+    final RunResult is `.result` once the stop has been yielded. `async for` or plain `for` (see
+    RunStream; a plain `for` runs on a fresh event loop of its own). Arguments as `run()`."""
+    return RunStream(task, Agent(model=model, **settings)._settings({"log": log}))

@@ -4,6 +4,8 @@
   a helper thread when a loop is already running here) and returns its value. On the main thread
   the first Ctrl-C is one `task.cancel(CTRL_C)` (the run ends `cancelled`), a second raises
   KeyboardInterrupt. `run()`, `batch()`, a sync `Executor.execute`, a fence's sync hooks use it.
+  `KeptLoop`: the same bridge over one loop kept from call to call (an `Agent`'s sync calls), so
+  what lives on that loop (a model's connection pool) lasts.
 - `in_thread(fn, *args)`: a blocking call (a sync model, a sync tool, an approval prompt) on the one
   bounded pool of daemon worker threads, in a copy of the caller's context, awaited. When the
   awaiting is cancelled (a deadline, Ctrl-C) the run goes on without it: a job not yet started
@@ -19,16 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import queue
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["Expired", "within", "waited", "in_thread", "run_sync", "loop_running", "checkpoint", "prefers_async", "Meter",
-           "METER", "CTRL_C", "MAX_THREADS", "worker_threads"]
+__all__ = ["Expired", "within", "waited", "in_thread", "run_sync", "KeptLoop", "loop_running", "checkpoint",
+           "prefers_async", "Meter", "METER", "CTRL_C", "MAX_THREADS", "worker_threads"]
 
 T = TypeVar("T")
 CTRL_C = "interrupted (Ctrl-C)"  # the message a Ctrl-C cancels the run's task with
@@ -191,11 +195,11 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 # -- the bridge ------------------------------------------------------------------------------------
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` to its end from sync code on an event loop of its own: `asyncio.Runner` here, or
-    on a helper thread when this thread is already running a loop. On the main thread the first
-    Ctrl-C cancels its task (`CTRL_C`: it ends what it was doing, CancelledError unless it returns),
-    a second raises KeyboardInterrupt."""
+def run_sync(coro: Coroutine[Any, Any, T], runner: asyncio.Runner | None = None) -> T:
+    """Run `coro` to its end from sync code on an event loop of its own: `asyncio.Runner` here (or
+    `runner`'s, kept open), or on a helper thread when this thread is already running a loop. On the
+    main thread the first Ctrl-C cancels its task (`CTRL_C`: it ends what it was doing,
+    CancelledError unless it returns), a second raises KeyboardInterrupt."""
     task: list[asyncio.Task[T]] = []
 
     async def main() -> T:
@@ -207,7 +211,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
             task[0].cancel(CTRL_C)
 
     if not loop_running():
-        return _here(main(), cancel)
+        return _here(main(), cancel, runner)
     ctx = contextvars.copy_context()
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
     loop: list[asyncio.AbstractEventLoop] = []
@@ -232,6 +236,49 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
             loop[0].call_soon_threadsafe(cancel)
 
 
+class KeptLoop:
+    """One event loop kept for a series of sync calls (an `Agent`'s), made on first use: `run(make)`
+    is `run_sync(make())` on it. Busy (a loop running on the calling thread, or another thread's
+    call on it): that call gets a loop of its own, as `run_sync` gives."""
+
+    def __init__(self) -> None:
+        self._runner: asyncio.Runner | None = None
+        self._lock = threading.Lock()
+
+    def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        if loop_running() or not self._lock.acquire(blocking=False):
+            return run_sync(make())
+        try:
+            if self._runner is None:
+                self._runner = asyncio.Runner()
+                weakref.finalize(self, self._runner.close)  # never closed: its loop, at least
+            return run_sync(make(), self._runner)
+        finally:
+            self._lock.release()
+
+    def close(self, last: Callable[[], Coroutine[Any, Any, Any]] | None = None) -> None:
+        """Run `last()` on the loop (closing what lives there), then close it (on a helper thread
+        when called from async code: the loop cannot run on a thread running another)."""
+        with self._lock:
+            runner, self._runner = self._runner, None
+        if runner is None:
+            return
+
+        def shut() -> None:
+            try:
+                if last is not None:
+                    runner.run(last())
+            finally:
+                runner.close()
+
+        if loop_running():
+            helper = threading.Thread(target=shut, name="loopfence-loop-close")
+            helper.start()
+            helper.join()
+        else:
+            shut()
+
+
 def loop_running() -> bool:
     """True when an event loop is running on this thread."""
     try:
@@ -241,12 +288,13 @@ def loop_running() -> bool:
     return True
 
 
-def _here(main: Coroutine[Any, Any, T], cancel: Callable[[], None]) -> T:
-    """`main` on an asyncio.Runner on this thread; on the main thread the first Ctrl-C is `cancel()`
-    (the loop's own signal handling), a second raises KeyboardInterrupt."""
+def _here(main: Coroutine[Any, Any, T], cancel: Callable[[], None], kept: asyncio.Runner | None) -> T:
+    """`main` on an asyncio.Runner on this thread (`kept`, left open, or a new one); on the main
+    thread the first Ctrl-C is `cancel()` (the loop's own signal handling), a second raises
+    KeyboardInterrupt."""
     ours = threading.current_thread() is threading.main_thread() and \
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with asyncio.Runner() as runner:
+    with (contextlib.nullcontext(kept) if kept is not None else asyncio.Runner()) as runner:
         loop = runner.get_loop()
 
         def on_sigint() -> None:

@@ -10,7 +10,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ._aio import CTRL_C, METER, Meter, checkpoint, in_thread, prefers_async, run_sync, waited
 from ._compact import Compaction
@@ -32,66 +32,63 @@ from ._log._writer import Abandoned, LogWriteError, RunLog
 from .tools._executor import Executor, ToolResult
 from .tools._registry import Registry, Tool
 
-__all__ = ["run", "arun", "drive", "adrive", "new_state", "check_price", "check_model", "LAST_ANSWER_FOR",
-           "last_answer_prompt"]
+__all__ = ["Settings", "RunSettings", "LogArg", "to_stop", "arun_with", "drive", "adrive", "new_state",
+           "check_price", "check_model", "LAST_ANSWER_FOR", "last_answer_prompt"]
 
 
-LimitsArg = Limits | Mapping[str, Any] | None  # a dict of Limits' field names is taken too
+LimitsArg = Limits | Mapping[str, Any] | str | None  # a dict of Limits' field names, or a profile's name
 PolicyArg = Policy | Mapping[str, Any] | None
+LogArg = RunLog | str | Path | None
 
 
-async def arun(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: LimitsArg = None,
-               policy: PolicyArg = None, system: str | None = None, params: dict[str, Any] | None = None,
-               log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
-               executor: Executor | None = None, header: dict[str, Any] | None = None,
-               gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
-               compaction: Compaction | None = None,
-               on_event: Callable[[LogEvent], None] | None = None, prices: PricesArg = None) -> RunResult:
-    """Run the fenced loop until it stops for a named reason: the core, on the running event loop.
-    Every operation (model request, token count, tool, approval) is awaited under the run's limits:
-    an async adapter (`acomplete`, `acount_tokens`, an `async def` tool) is awaited and cancelled at
-    its deadline; a sync one runs on the worker pool and the run goes on without it at the deadline.
+class Settings(TypedDict, total=False):
+    """A run's settings after its model and log: `run()`'s, `arun()`'s and `stream()`'s keywords,
+    `Agent(...)`'s fields (docs/python-api.md, "Running a loop")."""
 
-    Never raises for a stop; raises LogWriteError (an OSError) when the log cannot be written.
-    Cancelling the task that awaits it (or an `asyncio.timeout` around it) ends the run `cancelled`:
-    nothing new starts, the call in flight is cancelled or killed (its result `outcome_unknown`),
-    every other requested call is answered `not_executed`, the stop line is written, and then
-    CancelledError propagates, as asyncio expects (the stop is in the log: `runlog.read_log`).
-    A SystemExit raised inside (by a model or a guard) ends the run `cancelled` and then propagates;
-    a bug inside loopfence ends it `internal_error` with the traceback in the stop's data.
-    Arguments as `run()`.
-    """
+    tools: Iterable[Tool | Callable[..., Any]] | Registry
+    limits: LimitsArg
+    policy: PolicyArg
+    system: str | None
+    params: Mapping[str, Any] | None
+    on_event: Callable[[LogEvent], None] | None
+    guards: Iterable[Guard] | None
+    gate: UntrustedGate | None
+    approve: ApprovalHook | None
+    compaction: Compaction | None
+    prices: PricesArg
+    header: Mapping[str, Any] | None
+    executor: Executor | None
+
+
+class RunSettings(Settings, total=False):
+    """Everything one run takes: its settings, its model and its log (a path or a RunLog)."""
+
+    model: Model
+    log: LogArg
+
+
+async def to_stop(task: str, settings: RunSettings) -> tuple[RunResult, asyncio.CancelledError | None]:
+    """The run of `task` under `settings` to its named stop: (its result, the cancel that ended it,
+    if one did). Every run goes through here (an `Agent`'s; `run()`, `arun()`, `stream()` make one):
+    `arun()` raises that cancel once the stop is written, `run()` returns the result."""
+    model = settings["model"]
     check_model(model)
-    state, runlog, guard, exe = start(task, model, tools, limits, policy, system, params, log, guards,
-                                       executor, header, gate, approve, compaction, on_event, prices)
-    return await adrive(state, model, runlog, guard, exe)
+    get = settings.get
+    params, header, guards = get("params"), get("header"), get("guards")
+    state, runlog, guard, exe = start(task, model, get("tools", ()), get("limits"), get("policy"),  # type: ignore[arg-type]
+                                      get("system"), None if params is None else dict(params), get("log"),
+                                      None if guards is None else list(guards), get("executor"),
+                                      None if header is None else dict(header), get("gate"), get("approve"),
+                                      get("compaction"), get("on_event"), get("prices"))
+    return await _to_stop(state, model, runlog, guard, exe)
 
 
-def run(task: str, *, model: Model, tools: Iterable[Tool] | Registry = (), limits: LimitsArg = None,
-        policy: PolicyArg = None, system: str | None = None, params: dict[str, Any] | None = None,
-        log: RunLog | str | Path | None = None, guards: list[Guard] | None = None,
-        executor: Executor | None = None, header: dict[str, Any] | None = None,
-        gate: UntrustedGate | None = None, approve: ApprovalHook | None = None,
-        compaction: Compaction | None = None, on_event: Callable[[LogEvent], None] | None = None,
-        prices: PricesArg = None) -> RunResult:
-    """Run the fenced loop until it stops for a named reason (`arun()` on an event loop of its own;
-    inside a running event loop, on a helper thread). Never raises for a stop; raises
-    LogWriteError (an OSError) when the log cannot be written, ending the run where its log ends.
-    Ctrl-C ends the run `cancelled` and returns its result (a second Ctrl-C raises KeyboardInterrupt).
-
-    gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
-    compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables);
-    on_event: called with each typed event (_log._schema) as it is written, header to stop;
-    prices: the price table for the cost budget (`Limits(max_cost_usd=...)`): a mapping
-    `{"model": (input_per_mtok, output_per_mtok)}` ("*": any model nothing else prices) or a TOML
-    file's path, over the `genai-prices` package's table. With a cost budget (or a table) the ledger
-    counts dollars. A cost budget for a model with no known price raises PriceError (a ValueError)
-    before anything is written or sent.
-    """
-    check_model(model)
-    state, runlog, guard, exe = start(task, model, tools, limits, policy, system, params, log, guards,
-                                       executor, header, gate, approve, compaction, on_event, prices)
-    return drive(state, model, runlog, guard, exe)
+async def arun_with(task: str, settings: RunSettings) -> RunResult:
+    """`to_stop`, as `arun()` ends: a cancel that ended the run propagates once its stop is written."""
+    result, cancel = await to_stop(task, settings)
+    if cancel is not None:
+        raise cancel
+    return result
 
 
 def check_price(model: Model, limits: Limits, prices: PricesArg = None,
@@ -114,7 +111,7 @@ def check_model(model: Any) -> None:
 
 
 def drive(s: RunState, model: Model, log: RunLog, guards: Guards, executor: Executor) -> RunResult:
-    """`adrive` from sync code (replay, resume, run()): the one bridge (`_aio.run_sync`); Ctrl-C or
+    """`adrive` from sync code (replay, resume): the one bridge (`_aio.run_sync`); Ctrl-C or
     a cancel returns the cancelled result."""
     return run_sync(_to_stop(s, model, log, guards, executor))[0]
 

@@ -8,19 +8,26 @@ import inspect
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 from ._aio import run_sync
-from ._loop import arun
+from ._loop import RunSettings, arun_with
 from ._stops import RunResult
 from ._log._schema import LogEvent, StopLine
 
-__all__ = ["stream", "RunStream"]
+__all__ = ["RunStream"]
+
+T = TypeVar("T")
+Bridge = Callable[[Callable[[], Coroutine[Any, Any, T]]], T]  # runs a coroutine to its end from sync code
+
+
+def _fresh_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return run_sync(make())
 
 
 class RunStream:
-    """`async for event in stream(task, ...)`: header, request, reply, call, result, … ending with
+    """`async for event in agent.stream(task)` (or `stream(task, ...)`): header, request, reply, call, result, … ending with
     the stop. Then `.result` is the run's RunResult (and `await s.finish()` returns it). Leaving
     early: `async with stream(...) as s` (or `await s.aclose()`) cancels the run and waits for its
     stop; a cancelled consumer (a timeout around the loop) cancels it too, and so does dropping the
@@ -32,11 +39,13 @@ class RunStream:
     stop (a second Ctrl-C raises KeyboardInterrupt). A stream is iterated once, one way or the other.
     """
 
-    def __init__(self, task: str, kwargs: dict[str, Any]) -> None:
-        also = kwargs.pop("on_event", None)  # the caller's own callback: called too, as events are queued
+    def __init__(self, task: str, settings: RunSettings, bridge: Bridge[Any] = _fresh_loop) -> None:
+        settings = RunSettings(settings)
+        also = settings.pop("on_event", None)  # the caller's own callback: called too, as events are queued
         if also is not None and (inspect.iscoroutinefunction(also) or not callable(also)):
             raise TypeError("on_event must be a plain function (the stream itself is the async way)")
-        self._task, self._kwargs = task, kwargs
+        self._task, self._settings = task, settings
+        self._bridge = bridge  # the sync iteration's loop: an Agent's own, or a fresh one
         self._queue: asyncio.Queue[LogEvent] = asyncio.Queue()
         self._also = also
         self._run: asyncio.Task[RunResult] | None = None
@@ -46,7 +55,7 @@ class RunStream:
     def _start(self) -> asyncio.Task[RunResult]:
         if self._run is None:  # the run holds no reference to the stream, so that dropping it can end the run
             on_event = _tee(self._queue.put_nowait, self._also)
-            self._run = asyncio.ensure_future(arun(self._task, on_event=on_event, **self._kwargs))
+            self._run = asyncio.ensure_future(arun_with(self._task, {**self._settings, "on_event": on_event}))
             weakref.finalize(self, _cancel, self._run)  # the stream dropped mid-run (a break): the run ends
         return self._run
 
@@ -131,18 +140,19 @@ def _cancel(run: asyncio.Task[Any]) -> None:
 
 
 def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
-    """The sync iteration: arun through the one bridge on a thread of its own, events through a queue."""
+    """The sync iteration: the run through the stream's bridge (the agent's loop, or a fresh one) on a
+    thread of its own, events through a queue."""
     q: queue.SimpleQueue[Any] = queue.SimpleQueue()
     handle: list[Any] = []  # (loop, task) once the run has started
     failed: list[BaseException] = []
 
     async def go() -> RunResult:
         handle.append((asyncio.get_running_loop(), asyncio.current_task()))
-        return await arun(rs._task, on_event=_tee(q.put, rs._also), **rs._kwargs)
+        return await arun_with(rs._task, {**rs._settings, "on_event": _tee(q.put, rs._also)})
 
     def main() -> None:
         try:
-            rs.result = run_sync(go())
+            rs.result = rs._bridge(go)
         except BaseException as exc:  # noqa: BLE001 - handed to the iterating thread
             failed.append(exc)
         finally:
@@ -180,9 +190,3 @@ def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
     if failed and not (cancelled and isinstance(failed[0], asyncio.CancelledError)):
         raise failed[0]
 
-
-def stream(task: str, **kwargs: Any) -> RunStream:
-    """`arun(task, **kwargs)` as a stream of its typed events (loopfence._log._schema), ending
-    with the stop; the final RunResult is `.result` once the stop has been yielded. `async for` or
-    plain `for` (see RunStream)."""
-    return RunStream(task, kwargs)

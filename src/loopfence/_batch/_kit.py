@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from .._limits import Limits, Policy
-from .._loop import arun, check_price
+from .._loop import arun_with, check_price
 from .._prices import PricesArg
 from ..models._base import Model
 from ..tools._builtin import workspace_tools
@@ -100,8 +100,9 @@ class Kit:
         if ws is not None:
             header["workspace"] = str(ws)
         options = {**self.run_options, **({"system": ep.system} if ep.system is not None else {})}
-        result = await arun(ep.task, model=model, tools=tools, limits=limits, policy=ep.effective_policy(self.policy),
-                            params=params, log=log, header=header, prices=self.prices, **options)
+        result = await arun_with(ep.task, {**options, "model": model, "tools": tools, "limits": limits,  # type: ignore[typeddict-item]
+                                           "policy": ep.effective_policy(self.policy), "params": params,
+                                           "log": log, "header": header, "prices": self.prices})
         return EpisodeResult.of_run(ep.id, result, ep.metadata, attempts, rel)
 
 

@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .._agent import run
 from .._compact import Compaction
 from .._gate import APPROVE_MODES, approver
 from .._limits import Policy
-from .._loop import check_price, run
+from .._loop import check_price
 from .._prices import PriceError, load_prices
 from .._printable import printable
 from .._stops import Verdict

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .._json import MAX_LOG_DEPTH, dumps, loads
-from .._loop import run
+from .._agent import run
 from .._stops import RunResult
 from .._log import RunLog
 from ..tools import ArgumentError, Registry, Tool
