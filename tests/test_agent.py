@@ -6,6 +6,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +21,10 @@ from _http_support import CountingServer, counting_server
 
 from loopfence import Agent, Limits, ScriptedModel, StopReason, Verdict, batch, run, tool
 from loopfence.models import OpenAIModel
+from loopfence.runlog import reconcile
 from loopfence.testing import calls_reply, text_reply, tool_call
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 
 @pytest.fixture
@@ -141,3 +150,71 @@ def test_the_agent_streams_a_run() -> None:
                 pass
         return run.result.final_answer if run.result else None
     assert asyncio.run(main()) == "two"
+
+
+def test_sequential_sync_streams_of_one_agent_share_one_connection(server: CountingServer) -> None:
+    with Agent(model=_endpoint(server)) as agent:
+        ends = []
+        for i in range(5):
+            events = agent.stream(f"task {i}")
+            ends.append([e.event for e in events][-1])
+            assert events.result is not None and events.result.final_answer == "ok"
+    assert ends == ["stop"] * 5 and len(server.bodies) == 5
+    assert server.accepted == 1  # every stream ran on the agent's loop, over its pool
+
+
+def test_the_run_keywords_are_the_agents_settings() -> None:
+    from loopfence._loop import RunSettings
+
+    fields = {f.name for f in dataclasses.fields(Agent) if f.init}
+    assert set(RunSettings.__annotations__) | set(RunSettings.__optional_keys__) == fields
+
+
+# -- Ctrl-C: a real SIGINT to a script mid-tool, under agent.run() and run() alike ------------------
+SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    from loopfence import Agent, ScriptedModel, run, tool
+    from loopfence.testing import calls_reply, text_reply, tool_call
+
+    def wait_here() -> str:
+        \"\"\"Wait.\"\"\"
+        Path(os.environ["MARK"]).write_text("started")
+        time.sleep(60)
+        return "never"
+
+    model = ScriptedModel([calls_reply(tool_call("wait_here", "{}")), text_reply("never")])
+    log = os.environ["LOG"]
+    if sys.argv[1] == "agent":
+        result = Agent(model=model, tools=[tool(wait_here)]).run("t", log=log)
+    else:
+        result = run("t", model=model, tools=[tool(wait_here)], log=log)
+    print(json.dumps({"reason": str(result.stop.reason), "detail": result.stop.detail}))
+""")
+
+
+@pytest.mark.parametrize("how", ["agent", "run"])
+def test_ctrl_c_mid_tool_returns_the_cancelled_result_under_agent_run_and_run(how: str, tmp_path: Path) -> None:
+    (tmp_path / "go.py").write_text(SCRIPT)
+    mark, log = tmp_path / "mark", tmp_path / "r.jsonl"
+    env = {**os.environ, "MARK": str(mark), "LOG": str(log), "PYTHONPATH": SRC}
+    proc = subprocess.Popen([sys.executable, "go.py", how], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        give_up = time.monotonic() + 30
+        while not mark.exists() and time.monotonic() < give_up and proc.poll() is None:
+            time.sleep(0.02)
+        assert mark.exists(), proc.communicate(timeout=10)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)  # the tool sleeps 60 s: the run does not wait for it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0 and "KeyboardInterrupt" not in err, err  # the result came back
+    returned = json.loads(out.splitlines()[-1])
+    assert returned["reason"] == "cancelled" and "Ctrl-C" in returned["detail"]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert events[-1]["event"] == "stop" and events[-1]["reason"] == "cancelled"
+    assert [e["error"] for e in events if e["event"] == "result"] == ["outcome_unknown"]
+    assert reconcile(log).ok
