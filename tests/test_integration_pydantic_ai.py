@@ -109,6 +109,32 @@ def test_a_budget_is_checked_before_the_request_and_every_request_carries_max_to
     reconciles(tmp_path / "r.jsonl")
 
 
+def test_one_loopfence_agent_configures_the_ring_and_the_fence_alike(tmp_path: Path) -> None:
+    """Configured once: `FenceCapability(agent=...)` takes the loopfence Agent's limits and log folder,
+    and the fenced framework stops where the agent's own ring stops."""
+    import loopfence
+    from loopfence.testing import calls_reply, tool_call
+
+    config = loopfence.Agent(model=loopfence.ScriptedModel([calls_reply(tool_call("flaky", n=i)) for i in (2, 4, 5)]),
+                             tools=[flaky], limits={"max_steps": 2}, log=tmp_path / "runs")
+    ring = config.run("go")
+    model, _ = _scripted([[("flaky", '{"n": 2}')], [("flaky", '{"n": 4}')], [("flaky", '{"n": 5}')], "done"])
+    fence = FenceCapability(agent=config)
+    with pytest.raises(FenceStop) as stopped:
+        Agent(model, tools=[flaky], capabilities=[fence]).run_sync("go")
+    assert (stopped.value.reason, stopped.value.limit) == (ring.stop.reason, 2) == (StopReason.MAX_STEPS, 2)
+    assert fence.result.ledger.tool_executions == ring.ledger.tool_executions == 2
+    logs = sorted((tmp_path / "runs").glob("run-*.jsonl"))  # each run, fenced or not, its own log there
+    assert len(logs) == 2 and str(fence.result.log_path) in map(str, logs)
+    for log in logs:
+        reconciles(log)
+    again = FenceCapability(agent=config, limits=Limits(max_steps=1), log=str(tmp_path / "own.jsonl"))
+    with pytest.raises(FenceStop) as stopped:  # a keyword given as well goes over the agent's
+        Agent(_scripted([[("flaky", '{"n": 2}')], [("flaky", '{"n": 4}')], "done"])[0], tools=[flaky],
+              capabilities=[again]).run_sync("go")
+    assert stopped.value.limit == 1 and (tmp_path / "own.jsonl").exists()
+
+
 def test_a_tool_retry_is_a_result_and_a_tool_exception_is_raised_on_with_the_stop_written(tmp_path: Path) -> None:
     model, _ = _scripted([[("flaky", '{"n": 1}')], [("flaky", '{"n": 2}')], "done"])
     fence = FenceCapability(log=str(tmp_path / "retry.jsonl"))

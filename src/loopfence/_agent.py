@@ -146,7 +146,7 @@ class Agent:
     def _settings(self, changes: Mapping[str, Any]) -> RunSettings:
         """One run's settings: the agent's, with `changes` checked as Agent(...) checks."""
         changes = dict(changes)
-        log = changes.pop("log") if "log" in changes else self._log_file()
+        log = changes.pop("log") if "log" in changes else self.new_log()
         unknown = sorted(set(changes) - set(_SETTINGS))
         if unknown:
             raise TypeError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
@@ -156,7 +156,8 @@ class Agent:
         settings.update(header=me.header or None, log=log)
         return settings  # type: ignore[return-value]
 
-    def _log_file(self) -> Path | None:
+    def new_log(self) -> Path | None:
+        """A new run's own log in the agent's `log` folder (`run-<UTC time>-<id>.jsonl`; None without one)."""
         if self.log is None:
             return None
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 from pydantic_core import to_jsonable_python
 
+from .._agent import Agent
 from .._aio import CTRL_C, in_thread, run_sync, waited
 from .._compact import Compaction
 from .._contract import CheckedCall, check_reply, requested_max_tokens
@@ -144,6 +145,11 @@ class Fence:
     gate's default names), unless `approve` allows the call. guards: a factory of extra guards, called
     per run (guards keep counts). log: a path (each run rewrites it), a `RunLog`, a callable giving
     one per run, or None (events kept in memory). on_event: each typed event as it is written.
+
+    agent: an `Agent` whose settings the fence takes (configure once, for the ring and for a fenced
+    framework): its limits, policy, prices, approve, guards, on_event, its gate's approval hook and
+    privileged names, and its log folder (a log of its own there for each run). Its model and tools are the framework's. A keyword given
+    here as well goes over the agent's.
     """
 
     def __init__(self, *, limits: Limits | None = None, policy: Policy | None = None,
@@ -151,7 +157,16 @@ class Fence:
                  untrusted: Collection[str] = (), privileged: Collection[str] | None = None,
                  approve: ApprovalHook | None = None, guards: Callable[[], Iterable[Guard]] | None = None,
                  log: LogArg = None, on_event: Callable[[LogEvent], None] | None = None,
-                 prices: PricesArg = None, result_cap: int | None = DEFAULT_RESULT_CAP) -> None:
+                 prices: PricesArg = None, result_cap: int | None = DEFAULT_RESULT_CAP,
+                 agent: Agent | None = None) -> None:
+        if agent is not None:
+            limits, policy, prices = limits or agent.limits, policy or agent.policy, prices or agent.prices  # type: ignore[assignment]
+            approve, on_event = approve or agent.approve, on_event or agent.on_event
+            guards = guards or (None if agent.guards is None else functools.partial(list, agent.guards))
+            log = log or (agent.new_log if agent.log is not None else None)
+            if agent.gate is not None:  # its settings; each run has a gate of its own (a gate keeps the taint)
+                approve = approve or agent.gate.approve
+                privileged = privileged if privileged is not None else agent.gate.names
         self.limits = limits or Limits()
         self.policy = policy or Policy()
         self.kinds = {name: ToolKind(kind) for name, kind in (kinds or {}).items()}
