@@ -195,9 +195,9 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 # -- the bridge ------------------------------------------------------------------------------------
-def run_sync(coro: Coroutine[Any, Any, T], runner: asyncio.Runner | None = None) -> T:
+def run_sync(coro: Coroutine[Any, Any, T], kept: asyncio.Runner | None = None) -> T:
     """Run `coro` to its end from sync code on an event loop of its own: `asyncio.Runner` here (or
-    `runner`'s, kept open), or on a helper thread when this thread is already running a loop. On the
+    `kept`'s, left open), or on a helper thread when this thread is already running a loop. On the
     main thread the first Ctrl-C cancels its task (`CTRL_C`: it ends what it was doing,
     CancelledError unless it returns), a second raises KeyboardInterrupt."""
     task: list[asyncio.Task[T]] = []
@@ -211,7 +211,7 @@ def run_sync(coro: Coroutine[Any, Any, T], runner: asyncio.Runner | None = None)
             task[0].cancel(CTRL_C)
 
     if not loop_running():
-        return _here(main(), cancel, runner)
+        return _here(main(), cancel, kept)
     ctx = contextvars.copy_context()
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
     loop: list[asyncio.AbstractEventLoop] = []
