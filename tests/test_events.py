@@ -52,7 +52,7 @@ def test_a_retried_429_is_a_retry_event_in_the_log_and_the_live_line(
         served = len(srv.requests)
     err = capsys.readouterr().err
     assert code == 0 and served == 2, err
-    kinds = [e.kind for e in read_log(log).events]
+    kinds = [e.event for e in read_log(log).events]
     assert kinds == ["request", "retry", "reply", "stop"]
     (retry,) = [e for e in read_lines(log) if e["event"] == "retry"]
     assert (retry["step"], retry["attempt"], retry["status"], retry["wait_s"]) == (1, 1, 429, 0.05)

@@ -9,7 +9,7 @@ import pytest
 
 from loopfence.cli import cli
 from loopfence.runlog import VERSION, LogError, read_log
-from loopfence._log._events import CallEvent, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from loopfence._log._schema import CallLine, HeaderLine, ReplyLine, RequestLine, ResultLine, StopLine
 
 from _runlog_support import config_script, make_workspace, read_lines, record, write_lines
 
@@ -28,12 +28,14 @@ def _error(path: Path, *, tolerant: bool = False) -> LogError:
 
 
 def test_a_good_log_reads_back_typed(good: Path) -> None:
+    """The reader returns the schema's own models (the ones the ring writes), each with its line and record."""
     log = read_log(good)
     kinds = [type(e) for e in log.events]
-    assert log.header.task == "Read app/config.py" and log.header.workspace
-    assert kinds[0] is RequestEvent and kinds[1] is ReplyEvent and CallEvent in kinds and ResultEvent in kinds
-    assert isinstance(log.stop, StopEvent) and log.stop.reason == "final_answer"
+    assert isinstance(log.header, HeaderLine) and log.header.task == "Read app/config.py" and log.header.workspace
+    assert kinds[0] is RequestLine and kinds[1] is ReplyLine and CallLine in kinds and ResultLine in kinds
+    assert isinstance(log.stop, StopLine) and log.stop.reason == "final_answer"
     assert [e.line for e in log.all_events] == list(range(1, len(log.events) + 2))
+    assert [e.record for e in log.all_events] == read_lines(good)
     assert log.torn_bytes == 0 and log.complete_bytes == good.stat().st_size
 
 
@@ -193,8 +195,8 @@ def test_cli_refuses_a_broken_log_with_the_line(good: Path, tmp_path: Path,
 
 def test_header_tools_are_read_as_specs(good: Path) -> None:
     h = read_log(good).header
-    names = [t.name for t in h.tools]
+    names = [t.name for t in h.specs]
     assert "read_file" in names and "list_dir" in names
     raw = {t["function"]["name"]: t for t in json.loads(good.read_text().splitlines()[0])["tools"]}
-    for spec in h.tools:
+    for spec in h.specs:
         assert spec.schema() == {"type": "function", "function": raw[spec.name]["function"]}

@@ -7,16 +7,21 @@ an unknown decision or stop reason, or an unknown field (except in the header) i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict, TypeAdapter, ValidationError
 
+from .. import _messages
 from .._stops import StopReason, Verdict
+from ..tools._executor import ToolResult
+from ..tools._registry import ToolKind
+from ._errors import LogError
 
 __all__ = ["Decision", "GateDecision", "LogEvent", "HeaderLine", "RequestLine", "ReplyLine", "CallLine",
            "ResultLine", "GateLine", "ResumeLine", "RetryLine", "NudgeLine", "LastAnswerLine",
-           "GuardLine", "StopLine", "Usage",
+           "GuardLine", "StopLine", "Usage", "ToolSpec",
            "LOG_LINE",
            "FORMAT", "VERSION", "READS_VERSIONS", "EVENT_KINDS", "parse_line", "events_schema"]
 
@@ -62,7 +67,7 @@ class LogEvent(BaseModel):
     The ring builds these (`RequestLine(step=..., ...)`); the writer stamps `seq` and `t` and
     serialises them; the live stream (`on_event`), the console, OTel, the report, reconcile and
     replay read the same objects. Read back from a file, an event also knows its `line` (1-based)
-    and its `record` (the JSON object as read)."""
+    and its `record` (the JSON object as read), and the file (for the errors of `reply()` and `specs`)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, json_schema_extra=_stamped)
 
@@ -71,6 +76,7 @@ class LogEvent(BaseModel):
     t: float = Field(default=0.0, ge=0, le=1e9, allow_inf_nan=False)  # seconds since the start (1e9: 31 years)
     _line: int = PrivateAttr(default=0)
     _record: dict[str, Any] | None = PrivateAttr(default=None)
+    _path: str = PrivateAttr(default="")
 
     @property
     def line(self) -> int:
@@ -82,11 +88,28 @@ class LogEvent(BaseModel):
         """The line as a JSON object: as read from the file, else as the writer wrote it."""
         return self._record if self._record is not None else self.model_dump(mode="json")
 
-    def stamped(self, seq: int, t: float, record: dict[str, Any] | None = None, line: int = 0) -> Any:
-        """This event as the line `seq` written at `t` (the writer), or read at `line` as `record`."""
+    def stamped(self, seq: int, t: float, record: dict[str, Any] | None = None, line: int = 0,
+                path: str = "") -> Any:
+        """This event as the line `seq` written at `t` (the writer), or read at `line` of `path` as `record`."""
         ev = self.model_copy(update={"seq": seq, "t": t})
-        ev._line, ev._record = line, record
+        ev._line, ev._record, ev._path = line, record, path
         return ev
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One tool of the header, parsed (`HeaderLine.specs`): what replay and resume rebuild a tool from."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    kind: ToolKind
+    untrusted: bool
+    signature: bool = False  # a function's signature validated its arguments (pydantic's messages)
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description, "parameters": self.parameters}}
 
 
 class HeaderLine(LogEvent):
@@ -111,6 +134,27 @@ class HeaderLine(LogEvent):
     # a run with a cost budget or a price table: {"table": the user's {model: [in, out]} per MTok,
     # "model": the start model's name, "rates": [in, out, source]} (absent: the run had no price)
     prices: Obj | None = None
+
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """`tools` parsed; LogError naming the file, the line and tools[i] for an entry that is not one
+        (the reader checks this once, so a header read back always has its specs)."""
+        specs = []
+        for i, item in enumerate(self.tools):
+            fn = item.get("function")
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise LogError(self._path, self.line, f"header event: tools[{i}] is not an OpenAI tools[] entry "
+                               "with a function name")
+            try:
+                kind = ToolKind(item.get("kind", "side_effect"))
+            except ValueError:
+                raise LogError(self._path, self.line, f"header event: tools[{i}]: unknown kind "
+                               f"{item.get('kind')!r}") from None
+            params = fn.get("parameters")
+            specs.append(ToolSpec(fn["name"], str(fn.get("description") or ""),
+                                  params if isinstance(params, dict) else {"type": "object"}, kind,
+                                  bool(item.get("untrusted", False)), item.get("arguments") == "signature"))
+        return tuple(specs)
 
 
 class RequestLine(LogEvent):
@@ -145,6 +189,20 @@ class ReplyLine(LogEvent):
     usage: Usage
     duration_s: float | None = None
 
+    def reply(self) -> _messages.Reply:
+        """The reply as the ring received it, rebuilt from the recorded raw response."""
+        try:
+            return _messages.Reply.from_response(self.raw, complete=self.complete, problem=self.problem)
+        except _messages.ReplyFormatError as exc:
+            if self.complete:
+                raise LogError(self._path, self.line, f"reply event: the recorded raw response cannot be "
+                               f"rebuilt into a reply ({exc})") from None
+        # an incomplete stream may have no readable body: keep what the ledger needs
+        u = self.usage
+        usage = _messages.Usage(u.prompt_tokens if u.reported else None, u.completion_tokens)
+        return _messages.Reply(None, (), self.finish_reason, usage, self.raw if isinstance(self.raw, dict) else {},
+                               False, self.problem)
+
 
 class CallLine(LogEvent):
     event: Literal["call"] = "call"
@@ -173,6 +231,11 @@ class ResultLine(LogEvent):
     untrusted: bool = False
     content: str
     violation: str | None = None
+
+    def tool_result(self, violation: str | None = None) -> ToolResult:
+        """The result as the ring got it (`violation`: the recorded one the caller read off the log)."""
+        return ToolResult(self.content, self.ok, self.decision, self.duration_s, self.error, violation,
+                          self.untrusted)
 
 
 class GateLine(LogEvent):
