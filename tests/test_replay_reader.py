@@ -200,3 +200,31 @@ def test_header_tools_are_read_as_specs(good: Path) -> None:
     raw = {t["function"]["name"]: t for t in json.loads(good.read_text().splitlines()[0])["tools"]}
     for spec in h.specs:
         assert spec.schema() == {"type": "function", "function": raw[spec.name]["function"]}
+
+
+@pytest.mark.parametrize("tools,words", [
+    ([{"type": "function", "function": {"name": "a"}}, {"type": "function"}],
+     "header event: tools[1] is not an OpenAI tools[] entry with a function name"),
+    ([{"type": "function", "function": {"name": "a"}, "kind": "pure"}], "header event: tools[0]: unknown kind 'pure'"),
+])
+def test_a_header_tool_that_is_not_a_spec_names_its_entry(good: Path, tmp_path: Path, tools: list,
+                                                           words: str) -> None:
+    lines = read_lines(good)
+    lines[0]["tools"] = tools
+    p = tmp_path / "tools.jsonl"
+    write_lines(p, lines)
+    err = _error(p)
+    assert err.line == 1 and str(err) == f"{p}:1: {words}"
+
+
+def test_a_reply_that_cannot_be_rebuilt_names_its_file_and_line(good: Path, tmp_path: Path) -> None:
+    lines = read_lines(good)
+    at = next(i for i, e in enumerate(lines) if e["event"] == "reply")
+    lines[at]["raw"] = {"choices": "not a list"}
+    p = tmp_path / "reply.jsonl"
+    write_lines(p, lines)
+    (reply,) = read_log(p).of("reply")[:1]  # the line itself is well-formed: the reader takes it
+    with pytest.raises(LogError) as info:
+        reply.reply()
+    assert (info.value.path, info.value.line) == (str(p), at + 1)
+    assert str(info.value).startswith(f"{p}:{at + 1}: reply event: the recorded raw response cannot be rebuilt")
