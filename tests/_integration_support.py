@@ -88,7 +88,7 @@ def stops_like_the_ring(script: Script, log: Path, fenced: Fenced, *, raised: tu
     assert (ended.limit, ended.value) == LIMITS.get(script.name, (None, None))
     assert fence.result is not None and fence.result.stop == ended.stop and ended.result is fence.result
     assert fence.result.ledger.tool_executions == executions and fence.result.ledger.model_requests == source.calls
-    named = read_log(log).header.raw["framework"]
+    named = read_log(log).header.record["framework"]
     assert named["name"] == framework and named["version"]
     if version is not None:
         assert named == {"name": framework, "version": version}
@@ -181,4 +181,4 @@ def replays_reports_and_exports(log: Path, out: Path, reason: str, *,
         with Workspace() as ws:
             again(ws, rerun)
             assert ws.executions == again_executions
-        assert [comparable(e.raw) for e in read_log(rerun).events] == [comparable(e.raw) for e in read_log(log).events]
+        assert [comparable(e.record) for e in read_log(rerun).events] == [comparable(e.record) for e in read_log(log).events]

@@ -66,16 +66,16 @@ def main(argv: list[str]) -> int:
     log_path, counter = Path(argv[0]), Path(argv[1])
     delay = float(os.environ.get("LOOPFENCE_TRIAL_DELAY_S") or 0.01)
     die_at = os.environ.get("LOOPFENCE_TRIAL_DIE_AT") or None
-    listener = None
+    on_event = None
     if die_at and die_at.startswith("event:"):
         n = int(die_at.split(":", 1)[1])
 
-        def listener(record: dict[str, Any]) -> None:
-            if record["seq"] + 1 >= n:
+        def on_event(event: Any) -> None:
+            if event.seq + 1 >= n:
                 _die()
 
     result = run("Append the lines.", model=ScriptedModel(trial_script()), tools=trial_tools(counter, delay, die_at),
-                 log=RunLog(log_path, listener=listener))
+                 log=RunLog(log_path, on_event=on_event))
     print(result.stop.reason)
     return 0
 

@@ -70,10 +70,10 @@ def test_readme_guard_stops_the_second_delete(tmp_path: Path) -> None:
     assert result.verdict is Verdict.KILL
     assert deleted == ["a.txt"]  # the second delete never ran
     events = read_log(path).events
-    notes = [e.raw for e in events if e.kind == "guard"]
+    notes = [e.record for e in events if e.event == "guard"]
     assert [(n["guard"], n["message"], n["data"]) for n in notes] == [
         ("DeleteTwice", "delete number 1", {"path": "a.txt"}), ("DeleteTwice", "delete number 2", {"path": "b.txt"})]
-    assert events[-1].raw["reason"] == "guard"
+    assert events[-1].record["reason"] == "guard"
     # reconcile re-checks the stop with the guard it is given; without it, it says whose stop it was
     assert reconcile(path, guards=[guard()]).ok
     without = reconcile(path)

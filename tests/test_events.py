@@ -52,7 +52,7 @@ def test_a_retried_429_is_a_retry_event_in_the_log_and_the_live_line(
         served = len(srv.requests)
     err = capsys.readouterr().err
     assert code == 0 and served == 2, err
-    kinds = [e.kind for e in read_log(log).events]
+    kinds = [e.event for e in read_log(log).events]
     assert kinds == ["request", "retry", "reply", "stop"]
     (retry,) = [e for e in read_lines(log) if e["event"] == "retry"]
     assert (retry["step"], retry["attempt"], retry["status"], retry["wait_s"]) == (1, 1, 429, 0.05)
@@ -94,7 +94,9 @@ def test_the_stream_yields_typed_events_in_order_ending_with_the_stop(tmp_path: 
     assert isinstance(events[4], ResultLine) and events[4].decision is Decision.EXECUTED
     assert isinstance(events[-1], StopLine) and events[-1].reason == "final_answer"
     assert result.final_answer == "done" and result.stop.reason == events[-1].reason
-    assert [e.seq for e in events] == [e.seq for e in read_log(tmp_path / "s.jsonl").all_events]
+    back = read_log(tmp_path / "s.jsonl").all_events  # read back: the same models, the same values
+    assert [type(e) for e in back] == [type(e) for e in events]
+    assert [e.model_dump() for e in back] == [e.model_dump() for e in events]
 
 
 def test_on_event_sees_a_retry_as_it_happens(tmp_path: Path) -> None:

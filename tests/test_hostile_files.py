@@ -164,7 +164,7 @@ def test_a_run_refusing_a_hard_link_reconciles(tmp_path: Path, ws: Path, linked:
     r = run("t", model=ScriptedModel([calls_reply(tool_call("read_file", path="notes.txt")), text_reply("ok")]),
             tools=workspace_tools(ws, sandbox=False), log=RunLog(log))
     assert r.stop.reason is StopReason.FINAL_ANSWER and reconcile(log).ok
-    assert read_log(log).of("result")[0].raw["error"] == "hardlinked_file"
+    assert read_log(log).of("result")[0].record["error"] == "hardlinked_file"
 
 
 def test_the_cli_flag_allows_them_and_resume_keeps_the_choice(tmp_path: Path, ws: Path, linked: Path) -> None:
@@ -177,7 +177,7 @@ def test_the_cli_flag_allows_them_and_resume_keeps_the_choice(tmp_path: Path, ws
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     h = read_log(log).header
-    assert h.raw["allow_hardlinks"] is True and "TOP SECRET" in read_log(log).of("result")[0].raw["content"]
+    assert h.record["allow_hardlinks"] is True and "TOP SECRET" in read_log(log).of("result")[0].record["content"]
     rebuilt = {t.name: t for t in workspace_tools_of(h, str(log))}
     assert call(rebuilt, "read_file", path="notes.txt").ok
 
@@ -243,7 +243,7 @@ def test_a_3000_deep_folder_does_not_break_missing_file_suggestions(tmp_path: Pa
                                           text_reply("ok")]),
                 tools=workspace_tools(ws, sandbox=False), log=RunLog(log))
         assert r.stop.reason is StopReason.FINAL_ANSWER and reconcile(log).ok
-        errors = [e.raw["error"] for e in read_log(log).of("result")]
+        errors = [e.record["error"] for e in read_log(log).of("result")]
         assert errors[0] == "missing_file" and errors[1] == "invalid_path"  # too long a path to name
     finally:
         _remove_chain(ws)

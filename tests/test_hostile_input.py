@@ -78,7 +78,7 @@ def test_a_lone_surrogate_in_the_content_is_logged_and_the_run_ships(ws: Path) -
     assert result.stop.reason is StopReason.FINAL_ANSWER and result.final_answer == "x\ud800y"
     line = log.read_text(encoding="utf-8").splitlines()[2]
     assert "\\ud800" in line  # escaped in the JSON line: the file is UTF-8 and reads back the same
-    assert read_log(log).of("reply")[0].raw["raw"]["choices"][0]["message"]["content"] == "x\ud800y"
+    assert read_log(log).of("reply")[0].record["raw"]["choices"][0]["message"]["content"] == "x\ud800y"
 
 
 def test_lone_surrogates_in_arguments_are_logged_with_their_result(ws: Path) -> None:
@@ -89,8 +89,8 @@ def test_lone_surrogates_in_arguments_are_logged_with_their_result(ws: Path) -> 
     result, log = go(ws, replies)
     assert result.stop.reason is StopReason.FINAL_ANSWER
     results = read_log(log).of("result")
-    assert [r.raw["ok"] for r in results] == [True, False, False]
-    assert results[1].raw["error"] == "invalid_path" and "lone surrogate" in results[1].raw["content"]
+    assert [r.record["ok"] for r in results] == [True, False, False]
+    assert results[1].record["error"] == "invalid_path" and "lone surrogate" in results[1].record["content"]
     assert (ws / "b.txt").read_bytes() == b"\xed\xbf\xbf!"  # written as the model sent it
 
 
@@ -316,7 +316,7 @@ def test_replay_execute_tools_copies_a_fifo_and_leaves_no_temp_folder(tmp_path: 
     os.mkfifo(ws / "pipe")
     _, log = go(ws, [calls_reply(tool_call("read_file", path="pipe"), tool_call("list_dir")),
                      text_reply("done")])
-    assert read_log(log).of("result")[0].raw["error"] == "special_file"
+    assert read_log(log).of("result")[0].record["error"] == "special_file"
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     p = lf("replay", str(log), "--execute-tools", cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp)})

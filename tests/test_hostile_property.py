@@ -121,7 +121,7 @@ def _check_run(folder: Path, model: ScriptedModel) -> None:
     assert rec.ok, [(c.name, c.detail) for c in rec.failed]
     # Known, not about hostile input: replay validates with the recorded JSON schema, which names
     # only the first bad argument where the live tool named them all; such logs diverge there.
-    if not any(e.raw.get("error") == "schema_mismatch" for e in read.of("result")):
+    if not any(e.record.get("error") == "schema_mismatch" for e in read.of("result")):
         assert replay(read).ok
 
 

@@ -120,7 +120,7 @@ def test_tool_errors_and_model_errors_end_as_the_sdk_ends_them_with_the_stop_wri
     model = ScriptedModel([_calls(("flaky", '{"n": 3}')), [assistant_message("done")]])
     fence = AgentsFence(log=str(tmp_path / "handled.jsonl"))
     assert Runner.run_sync(fence.agent(_agent(model, [flaky])), "go").final_output == "done"
-    results = [e.raw for e in read_log(tmp_path / "handled.jsonl").events if e.kind == "result"]
+    results = [e.record for e in read_log(tmp_path / "handled.jsonl").events if e.event == "result"]
     given = [i["output"] for i in model.calls[1].input if isinstance(i, dict) and i.get("type") == "function_call_output"]
     assert [r["decision"] for r in results] == ["executed"] and results[0]["content"] == given[0]  # what the model got
     assert given[0].startswith("An error occurred while running the tool")
@@ -133,7 +133,7 @@ def test_tool_errors_and_model_errors_end_as_the_sdk_ends_them_with_the_stop_wri
     with pytest.raises(UserError, match="boom"):
         Runner.run_sync(fence.agent(agent), "go")
     assert fence.result.stop.reason is StopReason.INTERNAL_ERROR and "boom" in fence.result.stop.detail
-    results = [e.raw for e in read_log(tmp_path / "raise.jsonl").events if e.kind == "result"]
+    results = [e.record for e in read_log(tmp_path / "raise.jsonl").events if e.event == "result"]
     assert [(r["decision"], r["ok"]) for r in results] == [("executed", False)]
     reconciles(tmp_path / "raise.jsonl")
 
@@ -171,7 +171,7 @@ def test_untrusted_content_gates_a_privileged_call_and_the_sdk_gets_the_refusal(
     assert wrote == [] and result.final_output == "done"
     outputs = [item for item in model.calls[2].input if isinstance(item, dict) and item.get("type") == "function_call_output"]
     assert len(outputs) == 2 and "permission_denied" in str(outputs[1]["output"])  # what the model was given
-    gates = [e.raw["decision"] for e in read_log(tmp_path / "gate.jsonl").events if e.kind == "gate"]
+    gates = [e.record["decision"] for e in read_log(tmp_path / "gate.jsonl").events if e.event == "gate"]
     assert gates == ["tainted", "refused"]
     reconciles(tmp_path / "gate.jsonl")
 

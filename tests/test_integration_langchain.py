@@ -172,7 +172,7 @@ def test_a_handled_tool_error_is_an_error_result_and_a_tool_exception_is_raised_
     assert out["messages"][-1].content == "done"
     answers = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     assert [m.status for m in answers] == ["error", "success"]  # LangChain's own messages, unchanged
-    results = [e.raw for e in read_log(tmp_path / "bad.jsonl").events if e.kind == "result"]
+    results = [e.record for e in read_log(tmp_path / "bad.jsonl").events if e.event == "result"]
     assert [(r["decision"], r["ok"]) for r in results] == [("executed", False), ("executed", True)]
     assert "try n=2" in results[0]["content"]
     reconciles(tmp_path / "bad.jsonl")
@@ -205,7 +205,7 @@ def test_untrusted_content_gates_a_privileged_call_and_the_agent_gets_the_refusa
     assert wrote == [] and out["messages"][-1].content == "done"
     refused = [m.content for m in out["messages"] if isinstance(m, ToolMessage) and m.name == "write_file"]
     assert refused and "permission_denied" in refused[0]
-    gates = [e.raw["decision"] for e in read_log(tmp_path / "gate.jsonl").events if e.kind == "gate"]
+    gates = [e.record["decision"] for e in read_log(tmp_path / "gate.jsonl").events if e.event == "gate"]
     assert gates == ["tainted", "refused"]
     reconciles(tmp_path / "gate.jsonl")
 
@@ -225,7 +225,7 @@ def test_an_approval_hook_lets_a_gated_call_run(mode: str, tmp_path: Path) -> No
     out = _invoke(create_agent(model, tools=tools, middleware=[fence]), mode)
     assert wrote == ["notes.md"] and out["messages"][-1].content == "done"
     assert [name for name, _ in asked] == ["write_file"]
-    gates = [e.raw["decision"] for e in read_log(tmp_path / "approve.jsonl").events if e.kind == "gate"]
+    gates = [e.record["decision"] for e in read_log(tmp_path / "approve.jsonl").events if e.event == "gate"]
     assert gates == ["tainted", "approved"]
     reconciles(tmp_path / "approve.jsonl")
 
@@ -302,7 +302,7 @@ def test_a_cached_result_is_the_tools_message_and_parallel_calls_run_one_at_a_ti
     assert answers[:3] + answers[4:] == ["contents of a", "contents of b", "contents of c", "contents of d"]
     assert answers[3].startswith("contents of a\n[reused: same call")  # the cached result, as the ring gives it
     assert fence.result.ledger.tool_executions == 4 and fence.result.stop.reason is StopReason.FINAL_ANSWER
-    decisions = [e.raw["decision"] for e in read_log(tmp_path / "cache.jsonl").events if e.kind == "result"]
+    decisions = [e.record["decision"] for e in read_log(tmp_path / "cache.jsonl").events if e.event == "result"]
     assert sorted(decisions) == ["executed"] * 4 + ["reused"]
     reconciles(tmp_path / "cache.jsonl")
 
@@ -326,7 +326,7 @@ def test_a_hung_tool_is_cut_at_tool_timeout_s_and_the_run_goes_on(mode: str, tmp
     assert out["messages"][-1].content == "done"
     answer = next(m for m in out["messages"] if isinstance(m, ToolMessage))
     assert "timeout" in answer.content and "late" not in answer.content
-    results = [e.raw for e in read_log(tmp_path / "t.jsonl").events if e.kind == "result"]
+    results = [e.record for e in read_log(tmp_path / "t.jsonl").events if e.event == "result"]
     assert len(results) == 1 and results[0]["ok"] is False and "did not finish within 0.2s" in results[0]["content"]
     reconciles(tmp_path / "t.jsonl")
 

@@ -139,7 +139,7 @@ def test_a_tool_retry_is_a_result_and_a_tool_exception_is_raised_on_with_the_sto
     model, _ = _scripted([[("flaky", '{"n": 1}')], [("flaky", '{"n": 2}')], "done"])
     fence = FenceCapability(log=str(tmp_path / "retry.jsonl"))
     assert Agent(model, tools=[flaky], capabilities=[fence]).run_sync("go").output == "done"
-    results = [e.raw for e in read_log(tmp_path / "retry.jsonl").events if e.kind == "result"]
+    results = [e.record for e in read_log(tmp_path / "retry.jsonl").events if e.event == "result"]
     assert [(r["decision"], r["ok"]) for r in results] == [("executed", False), ("executed", True)]
     assert "try n=2" in results[0]["content"]
     reconciles(tmp_path / "retry.jsonl")
@@ -183,7 +183,7 @@ def test_untrusted_content_gates_a_privileged_call_and_the_framework_gets_the_re
     returned = [p.content for m in result.all_messages() for p in m.parts if getattr(p, "tool_name", "") == "write_file"
                 and hasattr(p, "content")]
     assert returned and "permission_denied" in returned[0]
-    gates = [e.raw["decision"] for e in read_log(tmp_path / "gate.jsonl").events if e.kind == "gate"]
+    gates = [e.record["decision"] for e in read_log(tmp_path / "gate.jsonl").events if e.event == "gate"]
     assert gates == ["tainted", "refused"]
     reconciles(tmp_path / "gate.jsonl")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from loopfence import Limits, ScriptedModel, arun, run, tool
+from loopfence._log._schema import LogEvent, parse_line
 from loopfence.runlog import RunLog
 from loopfence.testing import calls_reply, text_reply, tool_call
 
@@ -58,12 +59,12 @@ def test_the_file_holds_every_line_written_so_far_whenever_the_run_waits(tmp_pat
     assert seen[4][1][-3:] == ["call", "result", "call"]
 
 
-def _fields() -> dict[str, dict]:
-    """Real reply, result and request records (less event, seq and t), from a run kept in memory."""
+def _fields() -> dict[str, LogEvent]:
+    """Real reply, result and request events, from a run kept in memory."""
     mem = RunLog(None)
     run("t", model=ScriptedModel([calls_reply(tool_call("peek", i=0)), text_reply("done")]),
         tools=[tool(lambda i: "ok", name="peek")], log=mem)
-    return {e["event"]: {k: v for k, v in e.items() if k not in ("event", "seq", "t")} for e in mem.events}
+    return {e["event"]: parse_line(e) for e in mem.events}
 
 
 def test_a_held_line_is_written_at_close_and_by_flush(tmp_path: Path) -> None:
@@ -71,14 +72,14 @@ def test_a_held_line_is_written_at_close_and_by_flush(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     log = RunLog(path)
     log.hold = True
-    log.write("reply", **f["reply"])
+    log.write(f["reply"])
     assert path.read_text() == ""  # held
     log.flush()
     assert _events(path) == ["reply"]
-    log.write("result", **f["result"])
-    log.write("request", **f["request"])  # a line that is not held takes the held one with it
+    log.write(f["result"])
+    log.write(f["request"])  # a line that is not held takes the held one with it
     assert _events(path) == ["reply", "result", "request"]
-    log.write("result", **f["result"])
+    log.write(f["result"])
     log.close()
     assert _events(path) == ["reply", "result", "request", "result"]
 
@@ -89,12 +90,12 @@ def test_a_failed_write_names_only_the_lines_really_written() -> None:
     f = _fields()
     log = RunLog("/dev/full")
     log.hold = True
-    log.write("reply", **f["reply"])  # held: nothing written yet
+    log.write(f["reply"])  # held: nothing written yet
     with pytest.raises(LogWriteError) as err:
-        log.write("request", **f["request"])
+        log.write(f["request"])
     assert err.value.lines == 0 and "complete" not in str(err.value)
     with pytest.raises(LogWriteError):  # broken: every later write refuses, held or not
-        log.write("request", **f["request"])
+        log.write(f["request"])
     with pytest.raises(LogWriteError):
-        log.write("result", **f["result"])
+        log.write(f["result"])
     log.close()

@@ -57,7 +57,7 @@ def fenced(group: Any, tmp_path: Path, *replies: Any, extra: tuple[Any, ...] = (
 
 
 def results(log: Any) -> list[Any]:
-    return [e for e in log.events if e.kind == "result"]
+    return [e for e in log.events if e.event == "result"]
 
 
 def tool_results(result: Any) -> list[dict[str, Any] | str]:
@@ -77,11 +77,11 @@ def test_colliding_names_are_namespaced_and_logged_with_their_server(pair: Any, 
     assert "alpha__read_note" in names and "beta__read_note" in names
     assert "read_note" not in names  # a bare name would be ambiguous
     _, log = fenced(pair, tmp_path, calls_reply(tool_call("beta__read_note", path="a.md")), text_reply("ok"))
-    info = log.header.raw["tool_info"]
+    info = log.header.record["tool_info"]
     assert info["beta__read_note"]["mcp"]["server"] == "beta"
     assert info["beta__read_note"]["mcp"]["tool"] == "read_note"
     assert info["alpha__read_note"]["mcp"]["server"] == "alpha"
-    servers = {s["name"]: s for s in log.header.raw["mcp"]["servers"]}
+    servers = {s["name"]: s for s in log.header.record["mcp"]["servers"]}
     assert servers["beta"]["tools"]["beta__read_note"] == "read_note"
     assert servers["alpha"]["command"][-2:] == ["--name", "alpha"]
     assert "MCP_TEST_LOG" in servers["alpha"]["env"]  # the name, never the value
@@ -96,9 +96,9 @@ def test_no_collision_keeps_the_servers_names(calls_log: Path, tmp_path: Path) -
 
 def test_trust_annotations_on_and_off_set_the_kinds_and_say_why(pair: Any, tmp_path: Path) -> None:
     _, log = fenced(pair, tmp_path, text_reply("nothing to do"))
-    tools = {t["function"]["name"]: t for t in log.header.raw["tools"]}
-    info = log.header.raw["tool_info"]
-    trusted = {s["name"]: s["trust_annotations"] for s in log.header.raw["mcp"]["servers"]}
+    tools = {t["function"]["name"]: t for t in log.header.record["tools"]}
+    info = log.header.record["tool_info"]
+    trusted = {s["name"]: s["trust_annotations"] for s in log.header.record["mcp"]["servers"]}
     assert trusted == {"alpha": True, "beta": False}
     # trusted: readOnlyHint -> read_only; openWorldHint false -> trusted output
     assert (tools["alpha__read_note"]["kind"], tools["alpha__read_note"]["privileged"],
@@ -205,14 +205,14 @@ def test_structured_output_that_fits_its_schema(pair: Any, tmp_path: Path) -> No
     result, log = fenced(pair, tmp_path, calls_reply(tool_call("alpha__add", a=2)), text_reply("done"))
     assert tool_results(result) == [2]  # b defaulted to 0 (and bound so in the key)
     assert result.stop.reason == "final_answer"
-    assert results(log)[0].raw.get("violation") is None
+    assert results(log)[0].record.get("violation") is None
 
 
 def test_output_schema_is_checked_like_a_result_model(pair: Any, tmp_path: Path) -> None:
     result, log = fenced(pair, tmp_path, calls_reply(tool_call("alpha__bad_output")), text_reply("done"))
     assert result.stop.reason == "schema_mismatch"
     assert "structuredContent.count" in result.stop.detail and "integer" in result.stop.detail
-    assert results(log)[-1].raw["violation"] == result.stop.detail
+    assert results(log)[-1].record["violation"] == result.stop.detail
 
 
 def test_a_megabyte_of_text_is_capped_with_the_marker(pair: Any, tmp_path: Path) -> None:
@@ -242,7 +242,7 @@ def test_untrusted_fetch_taints_and_a_privileged_call_after_it_is_refused(pair: 
     fetched, refused = results(log)
     assert fetched.untrusted and fetched.ok
     assert (refused.decision, refused.error) == ("refused", "permission_denied")
-    gates = [(e.raw["decision"], e.raw["name"]) for e in log.events if e.kind == "gate"]
+    gates = [(e.record["decision"], e.record["name"]) for e in log.events if e.event == "gate"]
     assert gates[:2] == [("tainted", "alpha__fetch"), ("refused", "alpha__delete_note")]
     assert len(calls(calls_log, "delete_note")) == before  # the server never saw it
 
@@ -252,7 +252,7 @@ def test_a_privileged_call_without_taint_runs(pair: Any, calls_log: Path, tmp_pa
     before = len(calls(calls_log, "touch_note"))
     result, log = fenced(pair, tmp_path, calls_reply(tool_call("beta__touch_note", path="a.md")),
                          text_reply("done"))
-    gates = [e.raw["decision"] for e in log.events if e.kind == "gate"]
+    gates = [e.record["decision"] for e in log.events if e.event == "gate"]
     # beta is untrusted: touch_note is privileged (allowed while nothing taints the run), and its own
     # output is untrusted (it taints the run from then on)
     assert gates == ["allowed", "tainted"]
@@ -405,7 +405,7 @@ def test_streamable_http_with_headers_under_arun(tmp_path: Path) -> None:
     assert reconcile(path).ok
     text = path.read_text(encoding="utf-8")
     assert "s3cret-token" not in text  # header values never reach the log
-    [srv] = read_log(path).header.raw["mcp"]["servers"]
+    [srv] = read_log(path).header.record["mcp"]["servers"]
     assert srv["transport"] == "streamable_http" and srv["headers"] == ["Authorization"]
 
 
@@ -494,7 +494,7 @@ def test_the_lines_a_command_needs(tmp_path: Path) -> None:
         result = run("read", model=ScriptedModel([calls_reply(tool_call("read_note", path="a.md")), text_reply("ok")]),
                      tools=[*group], log=path, header={"workspace": ".", **group.header()})
     assert result.stop.reason == "final_answer" and result.ledger.tool_executions == 1
-    header = read_log(path).header.raw
+    header = read_log(path).header.record
     assert header["mcp"]["servers"][0]["name"] == "notes" and header["mcp"]["servers"][0]["trust_annotations"]
     assert header["tool_info"]["notes__fetch"]["mcp"]["kind"] == "poll"
     with open_from_args(parser.parse_args([])) as none:  # no flags: no tools, nothing in the header

@@ -110,15 +110,15 @@ def fenced(group: Any, tmp_path: Path, *replies: Any, on_event: Any = None, appr
 
 
 def results(log: Any) -> list[Any]:
-    return [e for e in log.events if e.kind == "result"]
+    return [e for e in log.events if e.event == "result"]
 
 
 def test_the_servers_are_named_and_their_annotations_trusted_only_where_asked(group: Any, tmp_path: Path) -> None:
     _, log = fenced(group, tmp_path, text_reply("nothing to do"))
-    servers = {s["name"]: s for s in log.header.raw["mcp"]["servers"]}
+    servers = {s["name"]: s for s in log.header.record["mcp"]["servers"]}
     assert servers["fs"]["server_info"]["name"] == "secure-filesystem-server"
     assert servers["web"]["server_info"]["name"] == "mcp-fetch"
-    tools = {t["function"]["name"]: t for t in log.header.raw["tools"]}
+    tools = {t["function"]["name"]: t for t in log.header.record["tools"]}
     kinds = {name: (tools[name]["kind"], tools[name]["privileged"], tools[name]["untrusted"]) for name in
              ("fs__read_text_file", "fs__write_file", "fsu__read_text_file", "web__fetch", "webt__fetch")}
     assert kinds == {"fs__read_text_file": ("read_only", False, False),  # readOnlyHint, openWorldHint false
@@ -143,7 +143,7 @@ def test_a_fetched_page_is_untrusted_and_a_privileged_call_after_it_is_refused(
     assert fetched.ok and fetched.untrusted and fetched.decision == "executed"
     assert "The exporter now writes one file per run." in fetched.content
     assert (refused.decision, refused.error) == ("refused", "permission_denied")
-    gates = [(e.raw["decision"], e.raw["name"]) for e in log.events if e.kind == "gate"]
+    gates = [(e.record["decision"], e.record["name"]) for e in log.events if e.event == "gate"]
     assert gates.index(("tainted", fetcher)) < gates.index(("refused", "fs__write_file"))
     assert target.read_text(encoding="utf-8") == "my notes\n"  # the filesystem server never saw the write
     assert result.stop.reason == "final_answer" and result.ledger.tool_executions == 1

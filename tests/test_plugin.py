@@ -23,8 +23,8 @@ def test_scripted_model_takes_builders_strings_and_lists(scripted_model: Any, ru
                            "x is 1")
     result = run("Read a.py", model=model, tools=workspace_tools(tmp_path), log=run_log.path)
     assert result.stop.reason is StopReason.FINAL_ANSWER and result.final_answer == "x is 1"
-    assert run_log.stop.reason == "final_answer" and run_log.events[0].kind == "header"
-    assert [e.raw["decision"] for e in run_log.of("result")] == ["executed", "executed", "reused"]
+    assert run_log.stop.reason == "final_answer" and run_log.events[0].event == "header"
+    assert [e.record["decision"] for e in run_log.of("result")] == ["executed", "executed", "reused"]
 
 
 def test_scripted_model_accepts_reply_values_and_a_list_of_replies(scripted_model: Any) -> None:

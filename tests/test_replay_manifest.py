@@ -315,5 +315,5 @@ def test_replay_workspace_flags_need_execute_tools(tmp_path: Path, ws: Path,
 
 def test_manifest_round_trips_through_the_log(tmp_path: Path, ws: Path) -> None:
     log = record(tmp_path / "run.jsonl", ws, snapshot=True)
-    data = read_log(log).header.raw["tool_info"]["read_file"][START_KEY]
+    data = read_log(log).header.record["tool_info"]["read_file"][START_KEY]
     assert Manifest.from_json(data).to_json() == data

@@ -9,7 +9,7 @@ import pytest
 
 from loopfence.cli import cli
 from loopfence.runlog import VERSION, LogError, read_log
-from loopfence._log._events import CallEvent, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from loopfence._log._schema import CallLine, HeaderLine, ReplyLine, RequestLine, ResultLine, StopLine
 
 from _runlog_support import config_script, make_workspace, read_lines, record, write_lines
 
@@ -28,12 +28,14 @@ def _error(path: Path, *, tolerant: bool = False) -> LogError:
 
 
 def test_a_good_log_reads_back_typed(good: Path) -> None:
+    """The reader returns the schema's own models (the ones the ring writes), each with its line and record."""
     log = read_log(good)
     kinds = [type(e) for e in log.events]
-    assert log.header.task == "Read app/config.py" and log.header.workspace
-    assert kinds[0] is RequestEvent and kinds[1] is ReplyEvent and CallEvent in kinds and ResultEvent in kinds
-    assert isinstance(log.stop, StopEvent) and log.stop.reason == "final_answer"
+    assert isinstance(log.header, HeaderLine) and log.header.task == "Read app/config.py" and log.header.workspace
+    assert kinds[0] is RequestLine and kinds[1] is ReplyLine and CallLine in kinds and ResultLine in kinds
+    assert isinstance(log.stop, StopLine) and log.stop.reason == "final_answer"
     assert [e.line for e in log.all_events] == list(range(1, len(log.events) + 2))
+    assert [e.record for e in log.all_events] == read_lines(good)
     assert log.torn_bytes == 0 and log.complete_bytes == good.stat().st_size
 
 
@@ -193,8 +195,36 @@ def test_cli_refuses_a_broken_log_with_the_line(good: Path, tmp_path: Path,
 
 def test_header_tools_are_read_as_specs(good: Path) -> None:
     h = read_log(good).header
-    names = [t.name for t in h.tools]
+    names = [t.name for t in h.specs]
     assert "read_file" in names and "list_dir" in names
     raw = {t["function"]["name"]: t for t in json.loads(good.read_text().splitlines()[0])["tools"]}
-    for spec in h.tools:
+    for spec in h.specs:
         assert spec.schema() == {"type": "function", "function": raw[spec.name]["function"]}
+
+
+@pytest.mark.parametrize("tools,words", [
+    ([{"type": "function", "function": {"name": "a"}}, {"type": "function"}],
+     "header event: tools[1] is not an OpenAI tools[] entry with a function name"),
+    ([{"type": "function", "function": {"name": "a"}, "kind": "pure"}], "header event: tools[0]: unknown kind 'pure'"),
+])
+def test_a_header_tool_that_is_not_a_spec_names_its_entry(good: Path, tmp_path: Path, tools: list,
+                                                           words: str) -> None:
+    lines = read_lines(good)
+    lines[0]["tools"] = tools
+    p = tmp_path / "tools.jsonl"
+    write_lines(p, lines)
+    err = _error(p)
+    assert err.line == 1 and str(err) == f"{p}:1: {words}"
+
+
+def test_a_reply_that_cannot_be_rebuilt_names_its_file_and_line(good: Path, tmp_path: Path) -> None:
+    lines = read_lines(good)
+    at = next(i for i, e in enumerate(lines) if e["event"] == "reply")
+    lines[at]["raw"] = {"choices": "not a list"}
+    p = tmp_path / "reply.jsonl"
+    write_lines(p, lines)
+    (reply,) = read_log(p).of("reply")[:1]  # the line itself is well-formed: the reader takes it
+    with pytest.raises(LogError) as info:
+        reply.reply()
+    assert (info.value.path, info.value.line) == (str(p), at + 1)
+    assert str(info.value).startswith(f"{p}:{at + 1}: reply event: the recorded raw response cannot be rebuilt")

@@ -101,7 +101,7 @@ def _check_readback(log: Path) -> tuple[str, bool]:
     data = log.read_bytes()
     back = read_log(log, tolerant=True)
     assert back.complete_bytes == data.rfind(b"\n") + 1 and back.torn_bytes == len(data) - back.complete_bytes
-    last = back.events[-1].kind if back.events else "header"
+    last = back.events[-1].event if back.events else "header"
     return last, back.stop is not None
 
 

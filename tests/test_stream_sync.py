@@ -70,7 +70,7 @@ def test_leaving_the_loop_early_cancels_the_run_and_its_log_ends_with_the_stop(t
     hold.set()
     assert seen[-1] == "result"
     events = read_log(log).all_events
-    assert events[-1].kind == "stop" and events[-1].reason == StopReason.CANCELLED
+    assert events[-1].event == "stop" and events[-1].reason == StopReason.CANCELLED
     assert reconcile(log).ok
     with pytest.raises(RuntimeError, match="iterated once"):
         iter(s)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ._aio import Expired, in_thread, within
 from ._guards import Guard
 from ._json import canonical_json
+from ._log._schema import GateDecision, GateLine
 from ._printable import printable
 from .tools._executor import ToolResult, refusal
 from .tools._provenance import Fingerprints, Provenance
@@ -192,11 +193,11 @@ class UntrustedGate(Guard):
             self.taint = taint
         self.sources.append(taint)
         if s is not None and s.log is not None:
-            s.log.write("gate", step=taint.step, tool_call_id=call_id, name=taint.source.split(" ")[0],
-                        decision="tainted", reason=f"{_FROM}{taint.source}"
-                        + (f" ({taint.why})" if taint.why else "")
-                        + ("" if first else f" (tainted since step {self.taint.step})"),
-                        source=taint.source, result=decision, first=first)
+            s.log.write(GateLine(step=taint.step, tool_call_id=call_id, name=taint.source.split(" ")[0],
+                                 decision=GateDecision.TAINTED, reason=f"{_FROM}{taint.source}"
+                                 + (f" ({taint.why})" if taint.why else "")
+                                 + ("" if first else f" (tainted since step {self.taint.step})"),
+                                 source=taint.source, result=decision, first=first))
 
     def restore(self, events: Iterable[dict[str, Any]]) -> None:
         """Rebuild the taint from a run log's events (resume): every untrusted result counts."""
@@ -212,8 +213,8 @@ class UntrustedGate(Guard):
 
 def _event(s: RunState, step: int, c: CheckedCall, decision: str, reason: str) -> None:
     if s.log is not None:
-        s.log.write("gate", step=step, tool_call_id=c.call.id, name=c.tool.name, key=c.key,
-                    decision=decision, reason=reason)
+        s.log.write(GateLine(step=step, tool_call_id=c.call.id, name=c.tool.name, key=c.key,
+                             decision=decision, reason=reason))
 
 
 # -- approval hooks ------------------------------------------------------------------------------

@@ -53,13 +53,9 @@ def _made(hook: RunHook) -> OnEvent | None:
         return None
 
 
-def with_run_hooks(on_event: OnEvent | None) -> OnEvent | None:
-    """The callback for one run starting now: `on_event` and then each hook's, in the order added."""
-    hooks = _hooks
-    if not hooks:
-        return on_event
-    callbacks = [cb for cb in ([on_event] if on_event is not None else []) + [_made(h) for h in hooks]
-                 if cb is not None]
+def with_run_hooks(*on_event: OnEvent | None) -> OnEvent | None:
+    """The callback for one run starting now: each `on_event` given, then each hook's, in the order added."""
+    callbacks = [cb for cb in (*on_event, *(_made(h) for h in _hooks)) if cb is not None]
     if not callbacks:
         return None
     if len(callbacks) == 1:

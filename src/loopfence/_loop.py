@@ -27,7 +27,7 @@ from ._steps import (announce, close_reply, deliver_note, describe_model, end_tu
                      start)
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import ON_RETRY, Model
-from ._log._schema import LogEvent
+from ._log._schema import LastAnswerLine, LogEvent, RetryLine
 from ._log._writer import Abandoned, LogWriteError, RunLog
 from .tools._executor import Executor, ToolResult
 from .tools._registry import Registry, Tool
@@ -202,7 +202,7 @@ async def _last_answer(s: RunState, ops: _Ops, log: RunLog, guards: Guards,
     s.final_request = True
 
     def failed(reason: str | None, detail: str) -> None:
-        log.write("last_answer", step=step, decision="failed", reason=reason, detail=detail)
+        log.write(LastAnswerLine(step=step, decision="failed", reason=reason, detail=detail))
 
     try:
         s.append({"role": "user", "content": last_answer_prompt(stop)})
@@ -210,11 +210,12 @@ async def _last_answer(s: RunState, ops: _Ops, log: RunLog, guards: Guards,
             await _count(s, ops)
         if (no := guards.before_request(s)) is not None:
             est = no.data.get("prompt_estimate")  # the figure a prompt budget judged (replay counts with it)
-            log.write("last_answer", step=step, decision="skipped", reason=str(no.reason), detail=no.detail,
-                      **({"prompt_estimate": est} if est is not None else {}))
+            log.write(LastAnswerLine(step=step, decision="skipped", reason=no.reason, detail=no.detail,
+                                     **({"prompt_estimate": est} if est is not None else {})))
             return None, None
-        log.write("last_answer", step=step, decision="asked", reason=None,
-                  detail=f"after {stop.reason}: one request with tools disabled", max_tokens=s.max_tokens())
+        log.write(LastAnswerLine(step=step, decision="asked", reason=None,
+                                 detail=f"after {stop.reason}: one request with tools disabled",
+                                 max_tokens=s.max_tokens()))
         reply = await on_the_clock(s, _ask(s, ops, log))
         if reply.complete and (reply.content or "").strip():
             return reply.content, None
@@ -323,8 +324,7 @@ async def _send(s: RunState, ops: _Ops, request: Request) -> Reply:
 
     def retried(attempt: int, status: int | None, wait_s: float, reason: str) -> None:
         if live[0] and s.log is not None:
-            s.log.write("retry", step=request.step, attempt=attempt, status=status, wait_s=wait_s,
-                        reason=reason)
+            s.log.write(RetryLine(step=request.step, attempt=attempt, status=status, wait_s=wait_s, reason=reason))
 
     reporting = ON_RETRY.set(retried)
     try:

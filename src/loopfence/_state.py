@@ -15,6 +15,7 @@ from ._limits import Ledger, Limits, Policy
 from ._messages import Reply, Request, ToolCall
 from ._prices import Price, PriceBook, PriceError
 from ._tokens import TokenEstimator, text_units
+from ._log._schema import GuardLine
 from ._log._writer import RunLog
 from .tools._executor import ResultCache, ToolResult
 from .tools._registry import Registry, ToolKind
@@ -263,7 +264,7 @@ class RunState:
     def note(self, guard: str, message: str, data: dict[str, Any] | None = None) -> None:
         """A guard's own `guard` event in the run's log (see `Guard.note`); nothing without a log."""
         if self.log is not None:
-            self.log.write("guard", step=self.ledger.model_requests, guard=guard, message=message, data=data or {})
+            self.log.write(GuardLine(step=self.ledger.model_requests, guard=guard, message=message, data=data or {}))
 
     def add_result(self, call: ToolCall, result: ToolResult) -> None:
         self.append({"role": "tool", "tool_call_id": call.id, "content": result.content})

@@ -32,7 +32,8 @@ from ._prices import PricesArg, price_book
 from ._repeats import outcome_fingerprint
 from ._state import RunState
 from ._stops import RunResult, Stop, StopError, StopReason
-from ._log._schema import LogEvent
+from ._log._schema import (CallLine, Decision, HeaderLine, LogEvent, NudgeLine, ReplyLine, RequestLine, ResultLine,
+                           StopLine, Usage)
 from ._log._writer import FORMAT, VERSION, RunLog
 from .tools._executor import Executor, ToolResult, error_result, refusal
 from .tools._registry import Registry, Tool, ToolKind
@@ -106,18 +107,16 @@ def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limit
     priced = {"prices": state.prices.record(state.price)} if state.prices is not None else {}
     runlog = log if isinstance(log, RunLog) else RunLog(log, t0=state.t0)
     state.t0 = runlog.t0  # one clock: what happened since a given log began (servers starting) is the run's
-    on_event = with_run_hooks(on_event)  # loopfence.instrument() and other run hooks
-    if on_event is not None:
-        runlog.on_event = on_event
+    runlog.on_event = with_run_hooks(runlog.on_event, on_event)  # the log's own (the console), the
+    # caller's, then loopfence.instrument() and other run hooks
     state.run_id = uuid.uuid4().hex  # sent with each request (Request.run_id)
-    runlog.write("header", format=FORMAT, version=VERSION, run_id=state.run_id,
-                 started_at=datetime.now(timezone.utc).isoformat(), task=task, system=system,
-                 limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
-                 tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
-                         **({"arguments": "signature"} if t.args_model is not None else {}),
-                         **t.schema()} for t in registry],
-                 model=described, gate=gate.describe(), compaction=state.compaction.to_json(),
-                 **_tool_info(registry), **priced, **(header or {}))
+    runlog.write(HeaderLine(
+        format=FORMAT, version=VERSION, run_id=state.run_id, started_at=datetime.now(timezone.utc).isoformat(),
+        task=task, system=system, limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
+        tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
+                **({"arguments": "signature"} if t.args_model is not None else {}), **t.schema()} for t in registry],
+        model=described, gate=gate.describe(), compaction=state.compaction.to_json(),
+        **_tool_info(registry), **priced, **(header or {})))
     return state, runlog, default_guards(state.limits, guards, gate), executor or Executor()
 
 
@@ -178,8 +177,8 @@ def open_request(s: RunState, log: RunLog) -> tuple[Request, int]:
     """The next request, logged and counted (before it is sent): (the request, its prompt estimate)."""
     estimate = s.next_prompt_estimate()
     request = s.request()
-    log.write("request", step=request.step, fingerprint=s.request_fingerprint(),
-              n_messages=len(request.messages), prompt_estimate=estimate, params=request.params)
+    log.write(RequestLine(step=request.step, fingerprint=s.request_fingerprint(),
+                          n_messages=len(request.messages), prompt_estimate=estimate, params=request.params))
     s.ledger.model_requests += 1
     return request, estimate
 
@@ -187,12 +186,11 @@ def open_request(s: RunState, log: RunLog) -> tuple[Request, int]:
 def close_reply(s: RunState, log: RunLog, step: int, reply: Reply, estimate: int, started: float) -> None:
     """The reply remembered, charged (tokens; dollars where the run has a price) and logged."""
     prompt, completion = s.remember(reply, estimate)
-    log.write("reply", step=step, raw=reply.raw, complete=reply.complete,
-              problem=reply.problem, finish_reason=reply.finish_reason,
-              usage={"prompt_tokens": prompt, "completion_tokens": completion,
-                     "reported": reply.usage is not None and reply.usage.prompt_tokens is not None,
-                     **s.charge_note},
-              duration_s=round(time.monotonic() - started, 6))
+    usage = Usage(prompt_tokens=prompt, completion_tokens=completion,
+                  reported=reply.usage is not None and reply.usage.prompt_tokens is not None, **s.charge_note)
+    log.write(ReplyLine(step=step, raw=reply.raw, complete=reply.complete, problem=reply.problem,
+                        finish_reason=reply.finish_reason, usage=usage,
+                        duration_s=round(time.monotonic() - started, 6)))
 
 
 def settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractResult,
@@ -258,9 +256,9 @@ def _violation_result(body: dict[str, Any]) -> ToolResult:
 def announce(s: RunState, log: RunLog, c: CheckedCall) -> None:
     """The call's intent, logged before it runs: a stop from now on leaves it `outcome_unknown`."""
     s.in_flight = c.call
-    log.write("call", step=s.ledger.model_requests, tool_call_id=c.call.id, name=c.tool.name,
-              raw_arguments=c.call.raw_arguments, arguments=c.args, key=c.key, kind=str(c.tool.kind),
-              decision="executed", intent=True)
+    log.write(CallLine(step=s.ledger.model_requests, tool_call_id=c.call.id, name=c.tool.name,
+                       raw_arguments=c.call.raw_arguments, arguments=c.args, key=c.key, kind=str(c.tool.kind),
+                       decision=Decision.EXECUTED, intent=True))
 
 
 async def run_call(s: RunState, log: RunLog, guards: Guards, c: CheckedCall,
@@ -320,9 +318,10 @@ def nudge(s: RunState, log: RunLog, stop: Stop, c: CheckedCall | None = None,
     if note is None:
         return None
     s.ledger.nudges += 1
-    log.write("nudge", step=s.ledger.model_requests, reason=str(stop.reason), detail=stop.detail, data=stop.data,
-              tool_call_id=c.call.id if c is not None and not later else None,
-              key=c.key if c is not None else None, delivered="message" if later else "refusal", message=note)
+    log.write(NudgeLine(step=s.ledger.model_requests, reason=stop.reason, detail=stop.detail, data=stop.data,
+                        tool_call_id=c.call.id if c is not None and not later else None,
+                        key=c.key if c is not None else None, delivered="message" if later else "refusal",
+                        message=note))
     if later:
         s.nudge_note = note
     return note
@@ -333,16 +332,15 @@ def record(s: RunState, log: RunLog, call: Any, result: ToolResult, key: str | N
     """One result per requested call: the call event (unless its intent was logged) and the result."""
     step = s.ledger.model_requests
     if not logged_intent:
-        log.write("call", step=step, tool_call_id=call.id, name=call.name,
-                  raw_arguments=call.raw_arguments, key=key, decision=result.decision,
-                  reason=reason or result.error)
+        log.write(CallLine(step=step, tool_call_id=call.id, name=call.name, raw_arguments=call.raw_arguments,
+                           key=key, decision=result.decision, reason=reason or result.error))
     s.add_result(call, result)
     if key is not None and s.policy.nudge and result.decision in ("executed", "reused"):
         s.outcomes[key] = outcome_fingerprint(result.content)  # what a nudge names
-    log.write("result", step=step, tool_call_id=call.id, name=call.name, decision=result.decision,
-              ok=result.ok, error=result.error, fingerprint=result.fingerprint,
-              duration_s=round(result.duration_s, 6), untrusted=result.untrusted, content=result.content,
-              **({"violation": result.violation} if result.violation else {}))
+    log.write(ResultLine(step=step, tool_call_id=call.id, name=call.name, decision=result.decision, ok=result.ok,
+                         error=result.error, fingerprint=result.fingerprint, duration_s=round(result.duration_s, 6),
+                         untrusted=result.untrusted, content=result.content,
+                         **({"violation": result.violation} if result.violation else {})))
 
 
 # -- the end ---------------------------------------------------------------------------------------
@@ -363,8 +361,8 @@ def finish(s: RunState, log: RunLog, stop: Stop, final: list[str | None], last: 
     settle(s, log, stop)
     s.ledger.elapsed_s = s.elapsed()
     ledger = s.ledger.snapshot()
-    log.write("stop", **stop.to_json(), verdict=str(stop.verdict), final_answer=final[0],
-              partial_text=final[1], ledger=ledger.to_json(),
-              per_step=[list(p) for p in s.ledger.per_step], **({"last_answer": last} if last is not None else {}))
+    log.write(StopLine(**stop.to_json(), verdict=stop.verdict, final_answer=final[0], partial_text=final[1],
+                       ledger=ledger.to_json(), per_step=[list(p) for p in s.ledger.per_step],
+                       **({"last_answer": last} if last is not None else {})))
     log.close()
     return RunResult(stop, final[0], ledger, tuple(s.messages), log.path, final[1], last_answer=last)

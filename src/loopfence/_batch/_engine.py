@@ -37,7 +37,7 @@ from .._prices import PriceError, PricesArg, load_prices
 from .._stops import StopReason
 from .._drivers._resume import resume
 from ..models._scripted import ScriptedModel
-from .._log._events import LogError
+from .._log import LogError
 from .._log._reader import read_log
 from .._log._writer import LogWriteError
 from ._episodes import Episode, EpisodeError, load_episodes, parse_episodes

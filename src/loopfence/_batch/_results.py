@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .._json import dumps, loads
+from .._log._schema import StopLine
 from .._stops import RunResult, StopReason, Verdict
-from .._log._events import StopEvent
 
 __all__ = ["EpisodeResult", "ResultsFile", "ResultsError", "Summary", "summarize", "percentile",
            "SUMMARY_FORMAT"]
@@ -77,7 +77,7 @@ class EpisodeResult:
                    cost_usd=led.cost_usd)
 
     @classmethod
-    def of_stop(cls, ident: str, stop: StopEvent, metadata: dict[str, Any], attempts: int, log: str,
+    def of_stop(cls, ident: str, stop: StopLine, metadata: dict[str, Any], attempts: int, log: str,
                 resumed: bool = False) -> EpisodeResult:
         """The row of a run whose log ended (its stop line) before its row was written."""
         led = stop.ledger

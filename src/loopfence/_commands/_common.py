@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from rich.table import Table
 
 from .._json import loads
 from .._limits import Limits, parse_limit
+from .._log._schema import (GateLine, LastAnswerLine, LogEvent, NudgeLine, ReplyLine, RequestLine, ResultLine,
+                           RetryLine, StopLine)
 from .._printable import markup, printable, rich_text
 from .._stops import RunResult
 
@@ -112,38 +115,32 @@ def _short(value: Any, n: int = 80) -> str:
     return markup(s if len(s) <= n else s[: n - 1] + "…")
 
 
-def live_printer(console: Console = stderr) -> Any:
-    """A RunLog listener: one line per request, reply, retry, call decision and stop, on stderr. Every value
+def live_printer(console: Console = stderr) -> Callable[[LogEvent], None]:
+    """A run's on_event: one line per request, reply, retry, call decision and stop, on stderr. Every value
     that came from a model, a tool or a file is escaped (markup and terminal controls)."""
 
-    def on_event(e: dict[str, Any]) -> None:
-        kind = e["event"]
-        if kind == "request":
-            console.print(f"[dim]step {e['step']}[/] · prompt ~{e['prompt_estimate']} tokens")
-        elif kind == "reply":
-            u = e.get("usage") or {}
-            console.print(f"  [dim]reply[/] finish={_short(e.get('finish_reason'))} "
-                          f"prompt={u.get('prompt_tokens')} completion={u.get('completion_tokens')}")
-        elif kind == "retry":
-            status = f"HTTP {e['status']}" if e.get("status") is not None else "no response"
-            console.print(f"  [yellow]retry[/] attempt {e['attempt']} failed ({status}), next in "
-                          f"{e['wait_s']:.2f}s: {_short(e.get('reason', ''))}")
-        elif kind == "result":
-            mark = {"executed": "→", "reused": "↺", "refused": "✗", "rejected": "✗"}[e["decision"]]
-            status = "ok" if e["ok"] else f"error: {_short(e.get('error'))}"
-            decision = markup(f"[{e['decision']}]")
-            console.print(f"  {mark} {_short(e['name'])} {decision} {status} · "
-                          f"{_short(e['content'], 60)}")
-        elif kind == "gate":
-            console.print(f"  [yellow]gate[/] {_short(e.get('name'))}: {_short(e.get('decision'))} "
-                          f"{_short(e.get('reason', ''), DETAIL_CHARS)}")
-        elif kind == "nudge":
-            console.print(f"  [yellow]nudge[/] instead of {_short(e['reason'])}: {_short(e['message'], DETAIL_CHARS)}")
-        elif kind == "last_answer":
-            console.print(f"  [yellow]last answer[/] {e['decision']}: {_short(e.get('detail', ''), DETAIL_CHARS)}")
-        elif kind == "stop":
-            console.print(f"[bold]stop[/] {e['reason']} ({e['verdict']}): "
-                          f"{_short(e['detail'], DETAIL_CHARS)}")
+    def on_event(e: LogEvent) -> None:
+        if isinstance(e, RequestLine):
+            console.print(f"[dim]step {e.step}[/] · prompt ~{e.prompt_estimate} tokens")
+        elif isinstance(e, ReplyLine):
+            console.print(f"  [dim]reply[/] finish={_short(e.finish_reason)} "
+                          f"prompt={e.usage.prompt_tokens} completion={e.usage.completion_tokens}")
+        elif isinstance(e, RetryLine):
+            status = f"HTTP {e.status}" if e.status is not None else "no response"
+            console.print(f"  [yellow]retry[/] attempt {e.attempt} failed ({status}), next in "
+                          f"{e.wait_s:.2f}s: {_short(e.reason)}")
+        elif isinstance(e, ResultLine):
+            mark = {"executed": "→", "reused": "↺", "refused": "✗", "rejected": "✗"}[e.decision]
+            status = "ok" if e.ok else f"error: {_short(e.error)}"
+            console.print(f"  {mark} {_short(e.name)} {markup(f'[{e.decision}]')} {status} · {_short(e.content, 60)}")
+        elif isinstance(e, GateLine):
+            console.print(f"  [yellow]gate[/] {_short(e.name)}: {_short(e.decision)} {_short(e.reason, DETAIL_CHARS)}")
+        elif isinstance(e, NudgeLine):
+            console.print(f"  [yellow]nudge[/] instead of {_short(e.reason)}: {_short(e.message, DETAIL_CHARS)}")
+        elif isinstance(e, LastAnswerLine):
+            console.print(f"  [yellow]last answer[/] {e.decision}: {_short(e.detail, DETAIL_CHARS)}")
+        elif isinstance(e, StopLine):
+            console.print(f"[bold]stop[/] {e.reason} ({e.verdict}): {_short(e.detail, DETAIL_CHARS)}")
 
     return on_event
 

@@ -10,7 +10,7 @@ from typing import Any
 from .._json import dumps
 from .._printable import printable
 from .._report._atif import to_atif
-from .._log._events import LogError
+from .._log import LogError
 from .._log._reader import RunLogFile, read_log
 from ._common import UsageError, not_the_input, stderr
 from .reconcile import warn_out_of_order

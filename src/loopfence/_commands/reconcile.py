@@ -23,7 +23,7 @@ from rich.table import Table
 
 from .._json import dumps
 from .._printable import markup, printable, rich_text
-from .._log._events import LogError
+from .._log import LogError
 from .._log._reader import RunLogFile
 from .._drivers._reconcile import INVARIANTS, Reconciliation, out_of_order, reconcile
 from ._common import DETAIL_CHARS, UsageError, stderr

@@ -24,7 +24,7 @@ from .._limits import parse_limit
 from .._printable import printable
 from ..mcp import McpUsageError, open_from_args
 from ..mcp import add_flags as add_mcp_flags
-from .._log._events import LogError
+from .._log import LogError
 from ._common import UsageError, stderr
 from ._toolspec import load_tools
 

@@ -9,7 +9,7 @@ from typing import Any
 from .._printable import printable
 from .._report import write_dir_report, write_run_report
 from .._report._dir import DirError
-from .._log._events import LogError
+from .._log import LogError
 from .._log._reader import read_log
 from ._common import UsageError, not_the_input
 from .reconcile import warn_out_of_order

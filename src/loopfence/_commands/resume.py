@@ -14,7 +14,8 @@ from .._stops import Verdict
 from ..mcp import McpUsageError, open_from_args
 from ..mcp import add_flags as add_mcp_flags
 from ..models import Model
-from .._log._events import Header, LogError
+from .._log import LogError
+from .._log._schema import HeaderLine
 from .._log._reader import read_log
 from .._drivers._rebuild import ModelRebuildError, model_of
 from .._drivers._resume import recorded_workspace_tools, resume
@@ -64,14 +65,14 @@ def main(args: argparse.Namespace) -> int:
         builtins = recorded_workspace_tools(log, args.workspace)
     except LogError as exc:
         raise UsageError(str(exc)) from None
-    recorded = log.header.raw.get("custom_tools")
+    recorded = log.header.record.get("custom_tools")
     specs = args.tools or (list(recorded) if isinstance(recorded, list) else None)
     custom = load_tools(specs)
-    model = _model(log.header, args.base_url, args.model, sum(e.kind == "reply" for e in log.events))
+    model = _model(log.header, args.base_url, args.model, sum(e.event == "reply" for e in log.events))
     try:
         with open_from_args(args, reserved=[t.name for t in (*builtins, *custom)]) as mcp:
             outcome = resume(args.log, tools=builtins, extra_tools=[*custom, *mcp], model=model,
-                             limits=changed or None, listener=None if args.quiet else live_printer())
+                             limits=changed or None, on_event=None if args.quiet else live_printer())
     except McpUsageError as exc:
         raise UsageError(str(exc)) from None
     except (LogError, ModelRebuildError) as exc:
@@ -89,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     return 0 if outcome.result.verdict is Verdict.SHIP and ok else 1
 
 
-def _model(h: Header, base_url: str | None, name: str | None, served: int) -> Model | None:
+def _model(h: HeaderLine, base_url: str | None, name: str | None, served: int) -> Model | None:
     """The model named by --base-url/--model over the header's settings (None: neither given)."""
     if not base_url and not name:
         return None

@@ -203,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
     check_new_log(log_path)
     custom = load_tools(args.tools)  # a usage error here leaves no log behind
     try:
-        log = RunLog(log_path, listener=None if args.quiet else live_printer())
+        log = RunLog(log_path, on_event=None if args.quiet else live_printer())
     except OSError as exc:  # a folder, a missing or read-only place: one line, exit 2
         raise UsageError(f"--log {log_path}: {exc.strerror or exc}") from None
     snapshot = snapshot_path(log_path) if args.snapshot else None  # taken with the manifest, at the start

@@ -33,12 +33,13 @@ from .._gate import Taint, UntrustedGate, taint_why
 from .._guards import Guard, Guards, default_guards
 from .._json import canonical_json, dumps
 from .._limits import Limits
-from .._log._events import CallEvent, Event, Header, LogError, ReplyEvent, RequestEvent, ResultEvent, StopEvent
+from .._log import LogError
 from .._log._large import KEYED, compared, short_key
 from .._log._reader import RunLogFile
-from .._log._schema import VERSION
+from .._log._schema import (CallLine, GateLine, HeaderLine, LastAnswerLine, LogEvent, ReplyLine,
+                            RequestLine, ResultLine, StopLine)
 from .._log._segments import bookkeeping_start, last_answer_index
-from .._log._writer import Abandoned, RunLog
+from .._log._writer import Abandoned, E, RunLog, written
 from .._loop import drive, new_state
 from .._messages import Reply, Request
 from .._prices import PriceBook, PriceError
@@ -172,7 +173,7 @@ def _canonical_key(key: str) -> str:
         return key
 
 
-def outcome_unknown(t: Tool, call: CallEvent) -> ToolResult:
+def outcome_unknown(t: Tool, call: CallLine) -> ToolResult:
     body = {"ok": False, "error": "outcome_unknown", "tool": t.name, "tool_call_id": call.tool_call_id,
             "message": (f"the run was interrupted while {t.name} was running: its intent was logged but "
                         "not its outcome. It may or may not have taken effect, and it was NOT run again. "
@@ -184,23 +185,23 @@ def outcome_unknown(t: Tool, call: CallEvent) -> ToolResult:
 class Recording:
     """A cursor over the recorded events (after the header)."""
 
-    def __init__(self, events: tuple[Event, ...], start_t: float = 0.0) -> None:
+    def __init__(self, events: tuple[LogEvent, ...], start_t: float = 0.0) -> None:
         self.events = events
         self.pos = 0
         self.last_t = start_t
-        self.last: Event | None = None
-        self.stop = events[-1] if events and isinstance(events[-1], StopEvent) else None
+        self.last: LogEvent | None = None
+        self.stop = events[-1] if events and isinstance(events[-1], StopLine) else None
         self.last_answer_at = last_answer_index(events)
         self.settled = _settled_index(events)
 
-    def peek(self) -> Event | None:
+    def peek(self) -> LogEvent | None:
         return self.events[self.pos] if self.pos < len(self.events) else None
 
-    def take(self) -> Event:
+    def take(self) -> LogEvent:
         e = self.events[self.pos]
         self.pos += 1
         self.last_t = e.t
-        if e.kind not in _MARKERS:  # a resume marker or a retry is not where the run was
+        if e.event not in _MARKERS:  # a resume marker or a retry is not where the run was
             self.last = e
         return e
 
@@ -216,14 +217,14 @@ class Recording:
     def exhausted(self) -> bool:
         return self.pos >= len(self.events)
 
-    def stop_ahead(self) -> StopEvent | None:
+    def stop_ahead(self) -> StopLine | None:
         """The recorded stop, if only the stop's bookkeeping (not-run calls) lies before it."""
         if self.stop is not None and self.pos > self.settled:
             return self.stop
         return None
 
 
-def _settled_index(events: tuple[Event, ...]) -> int:
+def _settled_index(events: tuple[LogEvent, ...]) -> int:
     """Index of the last event before the stop that is not the stop's bookkeeping (_log/_segments);
     len(events) when the events do not end with a stop."""
     start = bookkeeping_start(events)
@@ -244,11 +245,11 @@ class PlaybackLog(RunLog):
         self.go_live = go_live
         self.compare = compare  # an event as compared; None: not compared (on either side)
         self.detached: Divergence | None = None  # what-if: where the run left the recording
-        self.unknown_intent: CallEvent | None = None  # resume: intent logged, outcome not
-        self.echoed: StopEvent | None = None  # the recorded stop a stand-in raised (the ring did not decide it)
+        self.unknown_intent: CallLine | None = None  # resume: intent logged, outcome not
+        self.echoed: StopLine | None = None  # the recorded stop a stand-in raised (the ring did not decide it)
         # recorded events the ring is given rather than asked to write again: taken as soon as they
         # come up when this answers True for them (reconcile's fold: the gate's taint)
-        self.inputs: Callable[[Event], bool] | None = None
+        self.inputs: Callable[[LogEvent], bool] | None = None
         self.on_taint: Callable[[dict[str, Any]], None] | None = None  # a matched `tainted` event, as recorded
         self._set_clock(recording.last_t)
         self._advance()
@@ -264,46 +265,47 @@ class PlaybackLog(RunLog):
     def step(self) -> int:
         return self.state.ledger.model_requests
 
-    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+    def write(self, ev: E) -> E:
+        """The event compared with the next recorded one; matched, the recorded event (its line, its record)."""
         if self.live is not None:
-            return self.live.write(event, **fields)
-        record = {"event": event, **fields}
+            return self.live.write(ev)
         if self.detached is not None:
-            return super().write(event, **fields)
+            return super().write(ev)
+        record = {"event": ev.event, **written(ev)}
         got = self.compare(record)
         expected, want = self._next_compared()  # the recording's uncompared events are passed
         if got is None:  # not compared (and its counterpart in the recording, if any, was passed)
             self.events.append(record)
             self._advance()
-            return record
+            return ev
         if got != want:
-            step = fields.get("step")
+            step = getattr(ev, "step", None)
             d = Divergence(step if isinstance(step, int) else self.step(), expected.line if expected else 0,
-                           _what(event, expected), want, got)
+                           _what(ev.event, expected), want, got)
             if not self.what_if:
                 raise Diverged(d)
             self.detached = d
-            return super().write(event, **fields)
+            return super().write(ev)
         e = self.rec.take()
-        if self.on_taint is not None and event == "gate" and e.raw.get("decision") == "tainted":
-            self.on_taint(e.raw)
-        self.events.append(e.raw)
+        if self.on_taint is not None and isinstance(e, GateLine) and e.decision == "tainted":
+            self.on_taint(e.record)
+        self.events.append(e.record)
         self._set_clock(e.t)
         self._advance()
-        return e.raw
+        return e  # type: ignore[return-value]  (matched: the same kind of event)
 
-    def _next_compared(self) -> tuple[Event | None, dict[str, Any] | None]:
+    def _next_compared(self) -> tuple[LogEvent | None, dict[str, Any] | None]:
         """The next recorded event that is compared, and how; the ones before it are passed."""
         while (e := self.rec.peek()) is not None:
             given = self.inputs is not None and self.inputs(e)
-            want = None if given else self.compare(e.raw)
+            want = None if given else self.compare(e.record)
             if want is not None:
                 return e, want
             self.rec.take()
             self._set_clock(e.t)
         return None, None
 
-    def recorded_stop(self, stop: StopEvent) -> StopError:
+    def recorded_stop(self, stop: StopLine) -> StopError:
         """The recorded stop, raised by a stand-in (the recorded model call or tool ended the run)."""
         self.echoed = stop
         return StopError(StopReason(stop.reason), stop.detail, **stop.data)
@@ -311,13 +313,13 @@ class PlaybackLog(RunLog):
     def _advance(self) -> None:
         """Past resume markers and retries (the recorded replies are not retried); the clock to a recorded wall-clock stop; live when the log ends."""
         while (e := self.rec.peek()) is not None and (
-                e.kind in _MARKERS or (self.inputs is not None and self.inputs(e))):
+                e.event in _MARKERS or (self.inputs is not None and self.inputs(e))):
             self.rec.take()
             self._set_clock(e.t)
         if (wall := self.rec.wall_stop_t()) is not None:
             self._set_clock(wall)
         nxt = self.rec.peek()
-        if nxt is not None and nxt.kind == "last_answer" and nxt.raw.get("reason") == StopReason.MAX_WALL_SECONDS:
+        if isinstance(nxt, LastAnswerLine) and nxt.reason == StopReason.MAX_WALL_SECONDS:
             self._set_clock(nxt.t)  # the last answer was skipped (or cut off) on the clock: the time it saw
         if self.rec.exhausted:
             self._switch()
@@ -329,7 +331,7 @@ class PlaybackLog(RunLog):
         if self.go_live is None:
             return
         last = self.rec.last
-        if isinstance(last, CallEvent) and last.intent:
+        if isinstance(last, CallLine) and last.intent:
             self.unknown_intent = last
         self._set_clock(self.rec.last_t)
         self.live = self.go_live(self)
@@ -344,11 +346,11 @@ def _whole(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _what(event: str, expected: Event | None) -> str:
+def _what(event: str, expected: LogEvent | None) -> str:
     if expected is None:
         return f"the run wrote a {event} event after the end of the recording"
-    if expected.kind != event:
-        return f"the run wrote a {event} event where the log has a {expected.kind} event"
+    if expected.event != event:
+        return f"the run wrote a {event} event where the log has a {expected.event} event"
     if event == "request":
         return "the request differs from the recorded one (conversation or tools)"
     return f"the {event} event differs from the recorded one"
@@ -375,12 +377,12 @@ class PlaybackModel:
 
     def _recorded(self, request: Request) -> Reply:
         nxt = None if self.log.detached else self.log.rec.peek()
-        if isinstance(nxt, ReplyEvent):
+        if isinstance(nxt, ReplyLine):
             return nxt.reply()
-        if nxt is not None and nxt.kind == "last_answer" and nxt.raw.get("decision") == "failed" and \
-                nxt.raw.get("reason") is not None:  # the last answer's request met a stop: the same again
-            raise StopError(StopReason(nxt.raw["reason"]), str(nxt.raw.get("detail") or ""))
-        if isinstance(nxt, StopEvent):  # the recorded model call ended the run
+        if isinstance(nxt, LastAnswerLine) and nxt.decision == "failed" and \
+                nxt.reason is not None:  # the last answer's request met a stop: the same again
+            raise StopError(nxt.reason, nxt.detail)
+        if isinstance(nxt, StopLine):  # the recorded model call ended the run
             raise self.log.recorded_stop(nxt)
         raise RecordingEnded(request.step, f"the model is asked for step {request.step}, "
                              "and the recording has no reply for it")
@@ -407,13 +409,13 @@ class PlaybackModel:
         record none: None, and the ring estimates)."""
         rec = self.log.rec
         nxt = None if self.log.detached else rec.peek()
-        if nxt is not None and nxt.kind == "last_answer" and nxt.raw.get("decision") == "skipped":
-            return _whole(nxt.raw.get("prompt_estimate"))
-        if nxt is not None and nxt.kind == "last_answer" and rec.pos + 1 < len(rec.events):
+        if isinstance(nxt, LastAnswerLine) and nxt.decision == "skipped":
+            return _whole(nxt.prompt_estimate)
+        if isinstance(nxt, LastAnswerLine) and rec.pos + 1 < len(rec.events):
             nxt = rec.events[rec.pos + 1]  # the last answer's request follows its `asked` event
-        if isinstance(nxt, StopEvent):  # a budget refused the prompt before it was sent
+        if isinstance(nxt, StopLine):  # a budget refused the prompt before it was sent
             return _whole(nxt.data.get("prompt_estimate"))
-        return nxt.prompt_estimate if isinstance(nxt, RequestEvent) else None
+        return nxt.prompt_estimate if isinstance(nxt, RequestLine) else None
 
     def describe(self) -> dict[str, Any]:
         fn = getattr(self.live, "describe", None)
@@ -441,13 +443,13 @@ class PlaybackExecutor(Executor):
                 return outcome_unknown(t, intent)
             return await self._run(t, args, timeout_s)
         nxt = None if log.detached else log.rec.peek()
-        interrupted = log.rec.stop_ahead() if isinstance(nxt, ResultEvent) and \
+        interrupted = log.rec.stop_ahead() if isinstance(nxt, ResultLine) and \
             nxt.error == "outcome_unknown" else None
         if interrupted is not None:  # the recorded run was stopped (Ctrl-C) while this tool ran
             raise log.recorded_stop(interrupted)
-        if isinstance(nxt, ResultEvent) and nxt.decision == "executed":
+        if isinstance(nxt, ResultLine) and nxt.decision == "executed":
             if not self.rerun or isinstance(t.fn, RecordedFn) or nxt.error == "outcome_unknown":
-                violation = nxt.raw.get("violation")  # recorded on the result (older logs: the stop's detail)
+                violation = nxt.violation  # recorded on the result (older logs: the stop's detail)
                 stop = log.rec.stop
                 if not isinstance(violation, str):
                     violation = stop.detail if stop is not None and stop.reason == "schema_mismatch" and \
@@ -483,7 +485,7 @@ class PlaybackApproval:
         if self.log.live is not None:
             return bool(self.live(call, reason)) if self.live is not None else False
         nxt = None if self.log.detached else self.log.rec.peek()
-        return nxt is not None and nxt.kind == "gate" and nxt.raw.get("decision") == "approved"
+        return isinstance(nxt, GateLine) and nxt.decision == "approved"
 
 
 @dataclass
@@ -510,7 +512,7 @@ class Playback:
         h, path = recorded.header, recorded.path
         state = new_state(registry, limits, policy_of(h, path), h.params, messages_of(h), compaction_of(h, path))
         priced(state, h, path)
-        state.names_reservation_cuts = h.raw.get("version", VERSION) >= 4
+        state.names_reservation_cuts = h.version >= 4
         plog = PlaybackLog(Recording(recorded.events), state, what_if=what_if, compare=compare)
         gate = gate_of(h, path, PlaybackApproval(plog))
         plog.on_taint = lambda raw: _explain(gate, raw)
@@ -554,27 +556,25 @@ class RecordedEnd(Guard):
         return self._here()
 
 
-def priced(state: RunState, h: Header, path: str) -> None:
+def priced(state: RunState, h: HeaderLine, path: str) -> None:
     """The run's prices as its header recorded them (the user's table and the start price), so a
     replayed run is charged and checked as the recorded one was. LogError when unreadable."""
-    record = h.raw.get("prices")
+    record = h.prices
     if record is None:
         return
     try:
-        if not isinstance(record, dict):
-            raise PriceError("must be an object")
         model = record.get("model")
         state.set_prices(PriceBook.from_record(record), model if isinstance(model, str) else None)
     except PriceError as exc:
         raise LogError(path, h.line, f"header prices: {exc}") from None
 
 
-def _taint(gate: UntrustedGate, e: Event) -> bool:
+def _taint(gate: UntrustedGate, e: LogEvent) -> bool:
     """A recorded `tainted` gate event, given to the gate (without logging it again)."""
-    if e.kind != "gate" or e.raw.get("decision") != "tainted":
+    if not isinstance(e, GateLine) or e.decision != "tainted":
         return False
-    step, source = e.raw.get("step"), str(e.raw.get("source") or e.raw.get("name"))
-    gate.mark(Taint(step if isinstance(step, int) else 0, source, taint_why(e.raw, source)))
+    source = e.source or e.name
+    gate.mark(Taint(e.step, source, taint_why(e.record, source)))
     return True
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._guards import Guard
-from .._log._events import LogError
+from .._log import LogError
 from .._log._reader import RunLogFile
 from ._playback import Playback, RecordingEnded, decisions
 from ._rebuild import gated_names, limits_of, registry_of
@@ -47,7 +47,7 @@ def fold_prefix(log: RunLogFile, guards: list[Guard] | None = None) -> PrefixFol
         left = plog.rec.peek()
         if left is not None:
             return PrefixFold(False, f"the log does not follow the ring: {exc.what} (the log has a "
-                              f"{left.kind} event at line {left.line})")
+                              f"{left.event} event at line {left.line})")
         return PrefixFold(True, f"the guards, fed the log to its last line ({last}), let the run go on: "
                           f"{exc.what}")
     ring = result.stop

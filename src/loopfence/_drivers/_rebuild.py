@@ -15,7 +15,8 @@ from .._gate import ApprovalHook, UntrustedGate, approve_all, approver, deny_all
 from .._limits import Limits, Policy
 from ..models._base import Model
 from ..tools._registry import Registry, Tool, signature_model
-from .._log._events import Event, Header, LogError, ToolSpec
+from .._log import LogError
+from .._log._schema import GateLine, HeaderLine, LogEvent, ToolSpec
 
 __all__ = ["RecordedFn", "recorded_tool", "recorded_limits", "recorded_policy", "limits_of",
            "policy_of", "compaction_of", "gate_of",
@@ -61,49 +62,44 @@ def recorded_policy(data: Mapping[str, Any]) -> Policy:
     return Policy.from_json({**_POLICY_BEFORE, **data})
 
 
-def limits_of(h: Header, path: str, overrides: Mapping[str, Any] | None = None) -> Limits:
+def limits_of(h: HeaderLine, path: str, overrides: Mapping[str, Any] | None = None) -> Limits:
     try:
         return recorded_limits(h.limits).replace(**dict(overrides or {}))
     except (TypeError, ValueError) as exc:
         raise LogError(path, h.line, f"header limits: {exc}") from None
 
 
-def policy_of(h: Header, path: str) -> Policy:
+def policy_of(h: HeaderLine, path: str) -> Policy:
     try:
         return recorded_policy(h.policy)
     except (TypeError, ValueError) as exc:
         raise LogError(path, h.line, f"header policy: {exc}") from None
 
 
-def compaction_of(h: Header, path: str) -> Compaction:
-    data = h.raw.get("compaction")
+def compaction_of(h: HeaderLine, path: str) -> Compaction:
+    data = h.compaction
     if data is None:  # logs written before compaction existed sent everything
         return Compaction.off()
-    if not isinstance(data, dict):
-        raise LogError(path, h.line, "header compaction must be an object")
     try:
         return Compaction(keep_turns=data.get("keep_turns"), min_chars=int(data.get("min_chars", 300)))
     except (TypeError, ValueError) as exc:
         raise LogError(path, h.line, f"header compaction: {exc}") from None
 
 
-def gate_of(h: Header, path: str, approve: ApprovalHook | None) -> UntrustedGate:
+def gate_of(h: HeaderLine, path: str, approve: ApprovalHook | None) -> UntrustedGate:
     """The untrusted-content gate as recorded; `approve` answers for it (recorded or live)."""
-    data = h.raw.get("gate")
+    data = h.gate
     if data is None:
         return UntrustedGate(approve)
-    if not isinstance(data, dict):
-        raise LogError(path, h.line, "header gate must be an object")
     names = data.get("privileged", "default")
     if names != "default" and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
         raise LogError(path, h.line, "header gate.privileged must be \"default\" or a list of names")
     return UntrustedGate(approve, None if names == "default" else names)
 
 
-def live_approval(h: Header) -> ApprovalHook:
+def live_approval(h: HeaderLine) -> ApprovalHook:
     """Resume keeps the recorded approval mode (`ask` asks only on a terminal, else denies)."""
-    data = h.raw.get("gate")
-    mode = data.get("approve") if isinstance(data, dict) else None
+    mode = h.gate.get("approve") if h.gate is not None else None
     if mode == "all":
         return approve_all
     if mode == "ask":
@@ -111,46 +107,45 @@ def live_approval(h: Header) -> ApprovalHook:
     return deny_all
 
 
-def messages_of(h: Header) -> list[dict[str, Any]]:
+def messages_of(h: HeaderLine) -> list[dict[str, Any]]:
     """The opening conversation, exactly as `run()` builds it."""
     return ([{"role": "system", "content": h.system}] if h.system else []) + \
         [{"role": "user", "content": h.task}]
 
 
-def registry_of(h: Header, live: Iterable[Tool] = (), privileged: Iterable[str] = ()) -> Registry:
+def registry_of(h: HeaderLine, live: Iterable[Tool] = (), privileged: Iterable[str] = ()) -> Registry:
     """One tool per recorded spec, in the recorded order: the live one where given, else recorded.
     `privileged`: recorded tools the gate treated as privileged (the header does not say; the
     gate's events do)."""
     by_name = {t.name: t for t in live}
     gated = set(privileged)
-    return Registry([by_name.get(s.name) or recorded_tool(s, s.name in gated) for s in h.tools])
+    return Registry([by_name.get(s.name) or recorded_tool(s, s.name in gated) for s in h.specs])
 
 
-def gated_names(events: Iterable[Event]) -> set[str]:
+def gated_names(events: Iterable[LogEvent]) -> set[str]:
     """Tools the untrusted-content gate judged privileged: it logs every call it lets through or not."""
-    return {str(e.raw.get("name")) for e in events
-            if e.kind == "gate" and e.raw.get("decision") in ("allowed", "approved", "refused")}
+    return {e.name for e in events if isinstance(e, GateLine) and e.decision in ("allowed", "approved", "refused")}
 
 
-def check_tools(h: Header, path: str, tools: Iterable[Tool]) -> Registry:
+def check_tools(h: HeaderLine, path: str, tools: Iterable[Tool]) -> Registry:
     """Live tools for a resumed run: every recorded tool present, with the recorded schema and kind."""
     by_name = {t.name: t for t in tools}
-    missing = [s.name for s in h.tools if s.name not in by_name]
+    missing = [s.name for s in h.specs if s.name not in by_name]
     if missing:
         raise LogError(path, h.line, f"the run used tool(s) {', '.join(missing)} that are not available "
                        "here; pass them to resume()")
-    for s in h.tools:
+    for s in h.specs:
         t = by_name[s.name]
         if t.schema() != s.schema() or t.kind != s.kind:
             raise LogError(path, h.line, f"tool {s.name}: its schema or kind differs from the one "
                            "recorded in the header; the conversation would not continue the same")
-    return Registry([by_name[s.name] for s in h.tools])
+    return Registry([by_name[s.name] for s in h.specs])
 
 
 _Builder = Callable[[dict[str, Any], int], Model]
 
 
-def model_of(h: Header, replies_served: int) -> Model:
+def model_of(h: HeaderLine, replies_served: int) -> Model:
     """A live model with the recorded settings. Scripted models continue where the log ended."""
     d = h.model
     kind = d.get("kind")
@@ -205,7 +200,7 @@ def _local(d: dict[str, Any], served: int) -> Model:
     return LocalModel(**options)
 
 
-def workspace_tools_of(h: Header, path: str, root: str | None = None) -> list[Tool]:
+def workspace_tools_of(h: HeaderLine, path: str, root: str | None = None) -> list[Tool]:
     """The built-in workspace tools as `loopfence run` made them: over `root` (default: the recorded
     workspace), with the recorded sandbox choice, untrusted globs and hard-link choice."""
     from ..tools import workspace_tools
@@ -213,8 +208,8 @@ def workspace_tools_of(h: Header, path: str, root: str | None = None) -> list[To
     where = root or h.workspace
     if not where:
         raise LogError(path, h.line, "the header names no workspace; pass the run's tools or a workspace")
-    globs, trust = h.raw.get("untrusted_globs"), h.raw.get("trust_globs")
-    return workspace_tools(where, sandbox=not bool(h.raw.get("unsandboxed", False)),
+    globs, trust = h.record.get("untrusted_globs"), h.record.get("trust_globs")
+    return workspace_tools(where, sandbox=not bool(h.record.get("unsandboxed", False)),
                            untrusted_globs=[str(g) for g in globs] if isinstance(globs, list) and globs else None,
                            trust_globs=[str(g) for g in trust] if isinstance(trust, list) and trust else None,
-                           allow_hardlinks=h.raw.get("allow_hardlinks") is True)
+                           allow_hardlinks=h.record.get("allow_hardlinks") is True)

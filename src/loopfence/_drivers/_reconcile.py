@@ -25,8 +25,9 @@ from typing import Any
 from .._contract import check_reply
 from .._gate import HOLDS_TEXT
 from .._guards import NUDGED, Guard
-from .._log._events import CallEvent, LogError, ReplyEvent, ResultEvent, StopEvent
+from .._log import LogError
 from .._log._reader import RunLogFile, read_log
+from .._log._schema import CallLine, GateLine, LastAnswerLine, NudgeLine, ReplyLine, RequestLine, ResultLine, StopLine
 from .._messages import Reply
 from .._stops import StopReason, Verdict
 from ._prefix import fold_prefix
@@ -104,7 +105,7 @@ class Reconciliation:
 @dataclass(frozen=True, slots=True)
 class _Turn:
     step: int
-    reply: ReplyEvent
+    reply: ReplyLine
     parsed: Reply | None
 
 
@@ -112,16 +113,16 @@ def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = Non
     """Check every invariant; LogError only when the file is not a readable run log. `guards`: fresh
     instances of the extra guards the run had (the header does not record them), as for replay."""
     log = path if isinstance(path, RunLogFile) else read_log(path, tolerant=True)
-    stops = [e for e in log.events if isinstance(e, StopEvent)]
+    stops = [e for e in log.events if isinstance(e, StopLine)]
     if log.torn_bytes and stops:  # only a run cut off before its stop may leave half a line
         read_log(log.path)  # raises, naming the line
     if not stops:
         return _unfinished(log, guards)
-    turns = [_turn(e) for e in log.events if isinstance(e, ReplyEvent)]
+    turns = [_turn(e) for e in log.events if isinstance(e, ReplyLine)]
     stop = log.stop or (stops[-1] if stops else None)
     ledger: dict[str, Any] = stop.ledger if stop else {}
-    results = [e for e in log.events if isinstance(e, ResultEvent)]
-    calls = [e for e in log.events if isinstance(e, CallEvent)]
+    results = [e for e in log.events if isinstance(e, ResultLine)]
+    calls = [e for e in log.events if isinstance(e, CallLine)]
     checks = [
         _in_order(log),
         *_pairing(turns, results),
@@ -144,11 +145,11 @@ def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = Non
 
 def _unfinished(log: RunLogFile, guards: list[Guard] | None) -> Reconciliation:
     """What the lines of a log with no stop can show; the calls of its last turn may still be open."""
-    turns = [_turn(e) for e in log.events if isinstance(e, ReplyEvent)]
-    results = [e for e in log.events if isinstance(e, ResultEvent)]
-    calls = [e for e in log.events if isinstance(e, CallEvent)]
+    turns = [_turn(e) for e in log.events if isinstance(e, ReplyLine)]
+    results = [e for e in log.events if isinstance(e, ResultLine)]
+    calls = [e for e in log.events if isinstance(e, CallLine)]
     open_step = turns[-1].step if turns else None
-    steps = [e.raw.get("step") for e in log.events if e.kind == "request"]
+    steps = [e.step for e in log.events if isinstance(e, RequestLine)]
     in_order = steps == list(range(1, len(steps) + 1))
     folded = fold_prefix(log, guards)
     checks = (_in_order(log), *_pairing(turns, results, open_step), _intents(calls, results, open_step),
@@ -159,7 +160,7 @@ def _unfinished(log: RunLogFile, guards: list[Guard] | None) -> Reconciliation:
     return Reconciliation(log.path, checks, False, NEED_THE_STOP, len(log.events) + 1, log.torn_bytes)
 
 
-def _turn(e: ReplyEvent) -> _Turn:
+def _turn(e: ReplyLine) -> _Turn:
     try:
         parsed: Reply | None = e.reply()
     except LogError:
@@ -167,7 +168,7 @@ def _turn(e: ReplyEvent) -> _Turn:
     return _Turn(e.step, e, parsed)
 
 
-def _pairing(turns: list[_Turn], results: list[ResultEvent], open_step: int | None = None) -> list[Check]:
+def _pairing(turns: list[_Turn], results: list[ResultLine], open_step: int | None = None) -> list[Check]:
     """Key calls by (step, id, position): scripted models reuse ids across (and within) steps.
     `open_step`: an unfinished log's last turn, whose calls may not have their results yet."""
     wanted: dict[tuple[int, str], list[int]] = {}
@@ -194,7 +195,7 @@ def _pairing(turns: list[_Turn], results: list[ResultEvent], open_step: int | No
                        f"results without a requested call: {', '.join(orphans)}")]
 
 
-def _intents(calls: list[CallEvent], results: list[ResultEvent], open_step: int | None = None) -> Check:
+def _intents(calls: list[CallLine], results: list[ResultLine], open_step: int | None = None) -> Check:
     """`open_step`: an unfinished log's last turn, where a call may have been running at the end."""
     intents: dict[tuple[int, str], list[int]] = {}  # the lines of each call's logged intents, in order
     for c in calls:
@@ -233,19 +234,19 @@ def _in_order(log: RunLogFile) -> Check:
                  "; ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""))
 
 
-def _taint(log: RunLogFile, results: list[ResultEvent]) -> Check:
+def _taint(log: RunLogFile, results: list[ResultLine]) -> Check:
     """The gate's inputs as the log holds them agree: reconcile's fold takes the `tainted` events as
     given (the workspace they were judged in is gone), so a result and its taint must say the same."""
-    tainted: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    tainted: dict[tuple[int, str | None], list[GateLine]] = {}
     for e in log.events:
-        if e.kind == "gate" and e.raw.get("decision") == "tainted":
-            tainted.setdefault((e.raw.get("step"), e.raw.get("tool_call_id")), []).append(e.raw)
+        if isinstance(e, GateLine) and e.decision == "tainted":
+            tainted.setdefault((e.step, e.tool_call_id), []).append(e)
     bad = [f"line {r.line}: {r.name} ({r.tool_call_id}) is marked untrusted but no tainted event follows it"
            for r in results if r.untrusted and not tainted.get((r.step, r.tool_call_id))]
     marked = {(r.step, r.tool_call_id) for r in results if r.untrusted}
     bad += [f"a tainted event for {key[1]} at step {key[0]}, whose result is not marked untrusted and holds "
             "no text from another source" for key, events in tainted.items() if key not in marked
-            and not all(f"({HOLDS_TEXT}" in str(e.get("reason")) for e in events)]
+            and not all(f"({HOLDS_TEXT}" in e.reason for e in events)]
     return Check("taint_recorded", not bad, "every untrusted result has its taint, and every taint its result"
                  if not bad else "; ".join(bad))
 
@@ -256,7 +257,7 @@ def _count(name: str, ledger: dict[str, Any], field: str, actual: int, what: str
 
 
 def _steps(log: RunLogFile, ledger: dict[str, Any]) -> Check:
-    steps = [e.raw.get("step") for e in log.events if e.kind == "request"]
+    steps = [e.step for e in log.events if isinstance(e, RequestLine)]
     in_order = steps == list(range(1, len(steps) + 1))
     says = ledger.get("model_requests")
     ok = says == len(steps) and in_order
@@ -264,7 +265,7 @@ def _steps(log: RunLogFile, ledger: dict[str, Any]) -> Check:
     return Check("steps_are_requests", ok, detail if in_order else f"{detail}; steps out of order: {steps}")
 
 
-def _reuses(ledger: dict[str, Any], results: list[ResultEvent], log: RunLogFile) -> Check:
+def _reuses(ledger: dict[str, Any], results: list[ResultLine], log: RunLogFile) -> Check:
     seen = Counter(r.decision for r in results)
     parts, ok = [], True
     for field, decision in (("reused", "reused"), ("refused", "refused"), ("rejected", "rejected")):
@@ -276,16 +277,16 @@ def _reuses(ledger: dict[str, Any], results: list[ResultEvent], log: RunLogFile)
     return Check("reuses", ok and not nudged, detail + (f"; {nudged}" if nudged else ""))
 
 
-def _tokens(ledger: dict[str, Any], turns: list[_Turn], stop: StopEvent | None) -> Check:
-    prompt = sum(t.reply.prompt_tokens for t in turns)
-    completion = sum(t.reply.completion_tokens for t in turns)
-    per_step = [(t.reply.prompt_tokens, t.reply.completion_tokens) for t in turns]
+def _tokens(ledger: dict[str, Any], turns: list[_Turn], stop: StopLine | None) -> Check:
+    prompt = sum(t.reply.usage.prompt_tokens for t in turns)
+    completion = sum(t.reply.usage.completion_tokens for t in turns)
+    per_step = [[t.reply.usage.prompt_tokens, t.reply.usage.completion_tokens] for t in turns]
     ok = ledger.get("prompt_tokens") == prompt and ledger.get("completion_tokens") == completion and \
-        (stop is None or list(stop.per_step) == per_step)
+        (stop is None or stop.per_step == per_step)
     detail = f"prompt {ledger.get('prompt_tokens')}/{prompt}, completion " \
         f"{ledger.get('completion_tokens')}/{completion} (ledger/replies)" + \
-        ("" if stop is None or list(stop.per_step) == per_step else "; per_step differs")
-    costs = [c for t in turns if isinstance(c := (t.reply.raw.get("usage") or {}).get("cost_usd"), (int, float))]
+        ("" if stop is None or stop.per_step == per_step else "; per_step differs")
+    costs = [c for t in turns if (c := t.reply.usage.cost_usd) is not None]
     says = ledger.get("cost_usd")
     if costs or says is not None:
         spent: float | None = None
@@ -300,10 +301,9 @@ def _tokens(ledger: dict[str, Any], turns: list[_Turn], stop: StopEvent | None) 
 
 def _nudges(log: RunLogFile, ledger: dict[str, Any]) -> str:
     """What is wrong with the nudges (Policy(nudge=True)): "" when nothing."""
-    nudges = [e for e in log.events if e.kind == "nudge"]
+    nudges = [e for e in log.events if isinstance(e, NudgeLine)]
     says = ledger.get("nudges", 0)  # absent: none (older logs, runs without one)
-    bad = [f"a nudge at line {e.line} for {e.raw.get('reason')}" for e in nudges
-           if e.raw.get("reason") not in NUDGED]
+    bad = [f"a nudge at line {e.line} for {e.reason}" for e in nudges if e.reason not in NUDGED]
     if len(nudges) > 1:
         bad.append(f"{len(nudges)} nudges (lines {[e.line for e in nudges]}): a run gives one")
     if says != len(nudges):
@@ -311,7 +311,7 @@ def _nudges(log: RunLogFile, ledger: dict[str, Any]) -> str:
     return "; ".join(bad)
 
 
-def _stop_last(log: RunLogFile, stops: list[StopEvent]) -> Check:
+def _stop_last(log: RunLogFile, stops: list[StopLine]) -> Check:
     if not stops:
         return Check("stop_is_last", False, "no stop event: the run did not finish (resume it)")
     if len(stops) > 1:
@@ -319,11 +319,11 @@ def _stop_last(log: RunLogFile, stops: list[StopEvent]) -> Check:
     if log.stop is None:
         after = log.events[-1]
         return Check("stop_is_last", False, f"the stop at line {stops[0].line} is followed by events "
-                     f"(last: {after.kind} at line {after.line})")
+                     f"(last: {after.event} at line {after.line})")
     return Check("stop_is_last", True, f"line {stops[0].line}")
 
 
-def _stop_known(stop: StopEvent | None) -> Check:
+def _stop_known(stop: StopLine | None) -> Check:
     if stop is None:
         return Check("stop_reason_known", False, "no stop")
     if stop.reason not in set(StopReason):
@@ -334,7 +334,7 @@ def _stop_known(stop: StopEvent | None) -> Check:
     return Check("stop_reason_known", True, f"{stop.reason} ({stop.verdict})")
 
 
-def _limit(log: RunLogFile, stop: StopEvent | None, guards: list[Guard] | None) -> Check:
+def _limit(log: RunLogFile, stop: StopLine | None, guards: list[Guard] | None) -> Check:
     """The stop re-checked by the guards themselves: the log folded through the ring (_drivers/_refold)."""
     if stop is None or stop.reason not in set(StopReason):
         return Check("limit_reached", False, "no valid stop to check")
@@ -358,9 +358,9 @@ def _overwritten(log: RunLogFile, turns: list[_Turn], finished: bool = True) -> 
     max_tokens = log.header.params.get("max_tokens")
     registry = registry_of(log.header)
     events = list(log.events)
-    asked = {e.raw.get("step") for e in events if e.kind == "last_answer" and e.raw.get("decision") == "asked"}
+    asked = {e.step for e in events if isinstance(e, LastAnswerLine) and e.decision == "asked"}
     stop = log.stop
-    said = stop.raw.get("last_answer") if stop is not None else None
+    said = stop.last_answer if stop is not None else None
     given = None  # the last answer's reply text, when it gave one
     for t in turns:
         r = t.parsed
@@ -369,17 +369,17 @@ def _overwritten(log: RunLogFile, turns: list[_Turn], finished: bool = True) -> 
         if check_reply(r, registry, max_tokens).incomplete:
             continue
         i = events.index(t.reply)
-        nxt = next((e for e in events[i + 1:] if e.kind != "resume"), None)  # a crash may sit between
+        nxt = next((e for e in events[i + 1:] if e.event != "resume"), None)  # a crash may sit between
         if t.step in asked:  # the reply to the last answer's request: it goes to the stop's last_answer
             given = r.content
-            if not isinstance(nxt, StopEvent) or said != r.content or nxt.final_answer is not None:
+            if not isinstance(nxt, StopLine) or said != r.content or nxt.final_answer is not None:
                 return Check("no_overwritten_answer", False, f"the last answer at line {t.reply.line} (step "
                              f"{t.step}) is not the stop's last_answer")
             continue
         if nxt is None and not finished:  # the log ends with the answer: killed before its stop line
             continue
-        if not isinstance(nxt, StopEvent):
-            what = f"{nxt.kind} at line {nxt.line}" if nxt else "nothing (no stop)"
+        if not isinstance(nxt, StopLine):
+            what = f"{nxt.event} at line {nxt.line}" if nxt else "nothing (no stop)"
             return Check("no_overwritten_answer", False, f"a final answer at line {t.reply.line} (step "
                          f"{t.step}) is followed by {what}")
         if nxt.reason != StopReason.FINAL_ANSWER or nxt.final_answer != r.content:

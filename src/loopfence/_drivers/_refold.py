@@ -39,9 +39,9 @@ from typing import Any
 from .._guards import Guard
 from .._json import dumps
 from .._limits import Limits
-from .._log._events import StopEvent
 from .._log._large import short_key
 from .._log._reader import RunLogFile
+from .._log._schema import StopLine
 from .._stops import Stop, StopReason
 from ._playback import Divergence, Playback, PlaybackLog, RecordingEnded, decisions
 from ._rebuild import gated_names, limits_of, registry_of
@@ -113,7 +113,7 @@ def _refold(log: RunLogFile, guards: list[Guard] | None) -> Refold:
                   f"{_limit_text(ring)}: the ring, fed the log, stops here too ({ring.detail})", ring, True)
 
 
-def _parted(plog: PlaybackLog, stop: StopEvent, d: Divergence, ring: Stop | None, limits: Limits) -> Refold:
+def _parted(plog: PlaybackLog, stop: StopLine, d: Divergence, ring: Stop | None, limits: Limits) -> Refold:
     """The ring wrote something else than the log at line `d.line` (then stopped with `ring`, or
     needed more than the log holds: None)."""
     got = d.got or {}
@@ -134,16 +134,16 @@ def _parted(plog: PlaybackLog, stop: StopEvent, d: Divergence, ring: Stop | None
                   f"{_show(d.expected)}; the ring: {_show(got)})", ring, ring is not None)
 
 
-def _ended(stop: StopEvent, plog: PlaybackLog, limits: Limits, exc: RecordingEnded) -> Refold:
+def _ended(stop: StopLine, plog: PlaybackLog, limits: Limits, exc: RecordingEnded) -> Refold:
     """The ring, still following the log, needed a reply or a result the log does not hold there."""
     nxt = plog.rec.peek()
     if _at_stop(plog, nxt.line if nxt is not None else 0):
         return _goes_on(stop, limits, exc.what)
-    where = f" (the log has a {nxt.kind} event at line {nxt.line})" if nxt is not None else ""
+    where = f" (the log has a {nxt.event} event at line {nxt.line})" if nxt is not None else ""
     return Refold(False, f"the log does not follow the ring: {exc.what}{where}")
 
 
-def _goes_on(stop: StopEvent, limits: Limits, what: str) -> Refold:
+def _goes_on(stop: StopLine, limits: Limits, what: str) -> Refold:
     """The log stops where the ring, fed the log, goes on."""
     if stop.reason in ANYTIME:
         return Refold(True, f"line {stop.line}: {stop.reason}, which ends a run from outside the ring at "
@@ -152,7 +152,7 @@ def _goes_on(stop: StopEvent, limits: Limits, what: str) -> Refold:
                   f"{what}{_named(stop, limits)}")
 
 
-def _taken(stop: StopEvent, ring: Stop, limits: Limits) -> Refold:
+def _taken(stop: StopLine, ring: Stop, limits: Limits) -> Refold:
     """The recorded model call or tool ended the run (playback raised the log's own stop)."""
     if stop.reason == StopReason.FRAMEWORK_LIMIT:
         return Refold(True, f"line {stop.line}: the framework's own limit ended the run ({stop.detail}), "
@@ -167,14 +167,14 @@ def _taken(stop: StopEvent, ring: Stop, limits: Limits) -> Refold:
                   f"{_named(stop, limits)}", ring, False)
 
 
-def _late(stop: StopEvent, limits: Limits) -> bool:
+def _late(stop: StopLine, limits: Limits) -> bool:
     """A model adapter ended the run on the clock because its next retry would pass the deadline."""
     wait, limit = stop.data.get("retry_in_s"), limits.max_wall_seconds
     return stop.reason == StopReason.MAX_WALL_SECONDS and isinstance(wait, (int, float)) and \
         not isinstance(wait, bool) and limit is not None and stop.t + wait >= limit
 
 
-def _differs(stop: StopEvent, ring: Stop) -> str:
+def _differs(stop: StopLine, ring: Stop) -> str:
     """The data fields the log's stop names with another value than the guard's stop."""
     mine: dict[str, Any] = json.loads(dumps(ring.data))
     clock = stop.reason == StopReason.MAX_WALL_SECONDS
@@ -196,7 +196,7 @@ def _at_stop(plog: PlaybackLog, line: int) -> bool:
     return line == 0 or line >= rec.events[rec.settled + 1].line
 
 
-def _named(stop: StopEvent, limits: Limits) -> str:
+def _named(stop: StopLine, limits: Limits) -> str:
     """When the stop names a limit other than the header's (a budget's reason is the limit's name)."""
     said = stop.data.get("limit")
     if said is None or str(stop.reason) not in Limits.names():

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from .._guards import Guard
-from .._log._events import LogError, StopEvent
+from .._log import LogError
 from .._log._reader import RunLogFile, read_log
+from .._log._schema import HeaderLine, StopLine
 from .._stops import RunResult
 from ..tools._executor import Executor
 from ..tools._manifest import (Manifest, ManifestError, compare, recorded_start, relink, restore_known,
@@ -59,7 +60,7 @@ class ReplayReport:
     (or where a what-if replay left the log); `ok`, `same_stop` and `lines()` say it."""
 
     path: str
-    recorded: StopEvent
+    recorded: StopLine
     replayed: RunResult | None  # None when the replay was cut short
     divergence: Divergence | None = None  # strict: the first mismatch; what-if: where it left the log
     past_end: str | None = None  # the run needed something the recording does not have
@@ -150,7 +151,7 @@ def replay(path: str | Path | RunLogFile, *, limits: Mapping[str, Any] | None = 
         if not overrides and not plog.rec.exhausted:
             left = plog.rec.peek()
             d = Divergence(result.ledger.model_requests, left.line if left else 0,
-                           "the replay stopped before the end of the recording", left.raw if left else None,
+                           "the replay stopped before the end of the recording", left.record if left else None,
                            None)
             return ReplayReport(log.path, recorded, result, d, overrides=overrides, executed=tuple(executor.ran),
                                 notes=notes)
@@ -161,8 +162,8 @@ def replay(path: str | Path | RunLogFile, *, limits: Mapping[str, Any] | None = 
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _same_schema(h: Any, t: Tool) -> bool:
-    return any(s.name == t.name and s.schema() == t.schema() and s.kind == t.kind for s in h.tools)
+def _same_schema(h: HeaderLine, t: Tool) -> bool:
+    return any(s.name == t.name and s.schema() == t.schema() and s.kind == t.kind for s in h.specs)
 
 
 def _workspace_tools(log: RunLogFile, workspace: str | Path | None,
@@ -171,7 +172,7 @@ def _workspace_tools(log: RunLogFile, workspace: str | Path | None,
     (see the module doc); the folder to remove afterwards, and how it was made."""
     h = log.header
     try:
-        start = recorded_start(h.raw)
+        start = recorded_start(h.record)
     except ManifestError as exc:
         raise LogError(log.path, h.line, f"the header's workspace manifest cannot be used: {exc}") from None
     workdir = tempfile.mkdtemp(prefix="loopfence-replay-")

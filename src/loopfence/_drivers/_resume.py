@@ -25,8 +25,9 @@ from typing import Any
 
 from .._guards import Guard, default_guards
 from .._limits import Limits
-from .._log._events import LogError, StopEvent
+from .._log import LogError
 from .._log._reader import RunLogFile, read_log
+from .._log._schema import LogEvent, ReplyLine, ResumeLine, StopLine
 from .._log._segments import REOPENABLE, bookkeeping_start
 from .._log._writer import RunLog
 from .._loop import drive, new_state
@@ -52,12 +53,12 @@ class ResumeOutcome:
     where the log was resumed and which calls were answered outcome_unknown; `lines()` says it."""
 
     path: str
-    ended: StopEvent | None  # the run had already ended: nothing was done
+    ended: StopLine | None  # the run had already ended: nothing was done
     result: RunResult | None  # the resumed run's result
     resumed_after: int  # last complete line of the log as found
     torn_bytes: int  # bytes of an incomplete last line that were cut off
     outcome_unknown: tuple[str, ...]  # tool_call_ids answered with outcome_unknown
-    reopened: StopEvent | None = None  # the endpoint_error/cancelled stop the run went on past
+    reopened: StopLine | None = None  # the endpoint_error/cancelled stop the run went on past
 
     def lines(self) -> list[str]:
         if self.ended is not None:
@@ -78,7 +79,7 @@ class ResumeOutcome:
 
 def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool] | None = None,
            extra_tools: Iterable[Tool] = (), workspace: str | Path | None = None, guards: list[Guard] | None = None,
-           executor: Executor | None = None, listener: Callable[[dict[str, Any]], None] | None = None,
+           executor: Executor | None = None, on_event: Callable[[LogEvent], None] | None = None,
            limits: Mapping[str, Any] | None = None, reopen: bool = True) -> ResumeOutcome:
     """Continue the run logged at `path`. `tools` default to the built-in workspace tools over
     `workspace` (default: the recorded one, with the recorded sandbox and untrusted globs), and
@@ -105,7 +106,7 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
     try:
         registry = check_tools(h, p, [*(recorded_workspace_tools(log, workspace) if tools is None else tools),
                                       *extra_tools])
-        live_model = model or model_of(h, sum(e.kind == "reply" for e in events))
+        live_model = model or model_of(h, sum(isinstance(e, ReplyLine) for e in events))
         state_limits = limits_of(h, p, limits)
     except LogError as exc:
         raise ResumeError(exc.path, exc.line, exc.message) from None
@@ -120,7 +121,7 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
     rec = Recording(events, h.t)
 
     def go_live(plog: PlaybackLog) -> RunLog:
-        live = RunLog(p, append=True, seq=log.next_seq, t0=state.t0, listener=listener)
+        live = RunLog(p, append=True, seq=log.next_seq, t0=state.t0, on_event=on_event)
         intent = plog.unknown_intent
         pending = None
         if intent is not None:
@@ -133,9 +134,9 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
             extra["reopened"] = {"line": reopened.line, "reason": str(reopened.reason)}
         if overrides:
             extra["overrides"] = overrides
-        live.write("resume", after_line=last_line, elapsed_s=round(plog.rec.last_t, 6),
-                   step=state.ledger.model_requests, torn_bytes=log.torn_bytes, pending_intent=pending,
-                   model=_describe(live_model), **extra)
+        live.write(ResumeLine(after_line=last_line, elapsed_s=round(plog.rec.last_t, 6),
+                              step=state.ledger.model_requests, torn_bytes=log.torn_bytes, pending_intent=pending,
+                              model=_describe(live_model), **extra))
         return live
 
     plog = PlaybackLog(rec, state, go_live=go_live)

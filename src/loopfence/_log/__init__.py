@@ -4,7 +4,7 @@ Nothing here drives or re-checks the ring: the loop imports the writer from here
 (with `replay`, `resume`, `reconcile` and `to_atif`, which sit above the loop) are `loopfence.runlog`.
 """
 
-from ._events import LogError
+from ._errors import LogError
 from ._reader import RunLogFile, read_log
 from ._writer import EVENT_KINDS, FORMAT, VERSION, LogWriteError, RunLog
 

@@ -17,9 +17,11 @@ import os
 import stat
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from .._json import MAX_LOG_DEPTH, JsonFileError, JsonLimitError, loads, read_bounded
-from ._events import Event, Header, LogError, StopEvent, parse_event
-from ._schema import EVENT_KINDS, FORMAT, READS_VERSIONS, VERSION
+from ._errors import LogError, problem
+from ._schema import EVENT_KINDS, FORMAT, READS_VERSIONS, VERSION, HeaderLine, LogEvent, StopLine, parse_line
 from ._segments import joined
 
 __all__ = ["RunLogFile", "read_log", "LogError", "MAX_LOG_BYTES"]
@@ -29,26 +31,27 @@ MAX_LOG_BYTES = 256 << 20  # a run log read back (replay, reconcile, export, res
 
 @dataclass(frozen=True, slots=True)
 class RunLogFile:
-    """A run log as read: the header, the events after it (in order), and what was set aside."""
+    """A run log as read: the header, the events after it (in order), and what was set aside. Each
+    event is its line's model (_log/_schema.py), with its `line` and its `record` as read."""
 
     path: str
-    header: Header
-    events: tuple[Event, ...]
+    header: HeaderLine
+    events: tuple[LogEvent, ...]
     complete_bytes: int  # length of the file up to the end of its last complete line
     torn_bytes: int = 0  # bytes of an incomplete last line (tolerant mode only)
-    reopened: tuple[Event, ...] = ()  # a stop `resume` continued past, and its bookkeeping (_segments)
+    reopened: tuple[LogEvent, ...] = ()  # a stop `resume` continued past, and its bookkeeping (_segments)
 
     @property
-    def stop(self) -> StopEvent | None:
+    def stop(self) -> StopLine | None:
         last = self.events[-1] if self.events else None
-        return last if isinstance(last, StopEvent) else None
+        return last if isinstance(last, StopLine) else None
 
     @property
-    def all_events(self) -> tuple[Event, ...]:
+    def all_events(self) -> tuple[LogEvent, ...]:
         return (self.header, *self.events)
 
-    def of(self, kind: str) -> list[Event]:
-        return [e for e in self.events if e.kind == kind]
+    def of(self, kind: str) -> list[LogEvent]:
+        return [e for e in self.events if e.event == kind]
 
     @property
     def next_seq(self) -> int:
@@ -79,10 +82,10 @@ def read_log(path: str | os.PathLike[str], *, tolerant: bool = False) -> RunLogF
         raise LogError(p, 1, "no complete line: the header itself was cut off")
     events = [_parse_line(p, i, raw) for i, raw in enumerate(lines, 1)]
     head = events[0]
-    if not isinstance(head, Header):
-        raise LogError(p, 1, f"the first line must be a header event, got {head.kind!r}")
+    if not isinstance(head, HeaderLine):
+        raise LogError(p, 1, f"the first line must be a header event, got {head.event!r}")
     for i, e in enumerate(events[1:], 2):
-        if isinstance(e, Header):
+        if isinstance(e, HeaderLine):
             raise LogError(p, i, "a second header: one log holds one run")
     header, kept, aside = joined(p, head, events[1:])
     return RunLogFile(p, header, tuple(kept), complete_bytes, torn, tuple(aside))
@@ -104,7 +107,7 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (s
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def _parse_line(path: str, lineno: int, raw: bytes) -> Event:
+def _parse_line(path: str, lineno: int, raw: bytes) -> LogEvent:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -131,4 +134,11 @@ def _parse_line(path: str, lineno: int, raw: bytes) -> Event:
         if version not in READS_VERSIONS or isinstance(version, bool):
             raise LogError(path, lineno, f"header version is {version!r}, this loopfence writes version "
                            f"{VERSION} and reads versions {READS_VERSIONS[0]} to {READS_VERSIONS[-1]}")
-    return parse_event(path, lineno, record)
+    try:
+        m = parse_line(record)
+    except ValidationError as exc:
+        raise LogError(path, lineno, problem(kind, exc)) from None
+    ev = m.stamped(m.seq, m.t, record, lineno, path)
+    if isinstance(ev, HeaderLine):
+        ev.specs  # noqa: B018 (checked here: a header read back always has its tool specs)
+    return ev

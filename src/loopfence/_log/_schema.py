@@ -7,16 +7,21 @@ an unknown decision or stop reason, or an unknown field (except in the header) i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict, TypeAdapter, ValidationError
 
+from .. import _messages
 from .._stops import StopReason, Verdict
+from ..tools._executor import ToolResult
+from ..tools._registry import ToolKind
+from ._errors import LogError
 
 __all__ = ["Decision", "GateDecision", "LogEvent", "HeaderLine", "RequestLine", "ReplyLine", "CallLine",
            "ResultLine", "GateLine", "ResumeLine", "RetryLine", "NudgeLine", "LastAnswerLine",
-           "GuardLine", "StopLine", "Usage",
+           "GuardLine", "StopLine", "Usage", "ToolSpec",
            "LOG_LINE",
            "FORMAT", "VERSION", "READS_VERSIONS", "EVENT_KINDS", "parse_line", "events_schema"]
 
@@ -48,20 +53,69 @@ _Enum = Strict(False)  # an enum field accepts its value as a string (records ar
 Obj = dict[str, Any]
 
 
-class LogEvent(BaseModel):
-    """Common part of every line: its kind, its 0-based line number, seconds since the run started."""
+def _stamped(schema: dict[str, Any]) -> None:
+    """Every line has its kind, `seq` and `t` (the writer stamps the last two: a line as read must have them)."""
+    schema["required"] = ["event", "seq", "t", *(k for k in schema.get("required", ()) if k not in STAMP)]
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+STAMP = ("event", "seq", "t")
+
+
+class LogEvent(BaseModel):
+    """Common part of every line: its kind, its 0-based line number, seconds since the run started.
+
+    The ring builds these (`RequestLine(step=..., ...)`); the writer stamps `seq` and `t` and
+    serialises them; the live stream (`on_event`), the console, OTel, the report, reconcile and
+    replay read the same objects. Read back from a file, an event also knows its `line` (1-based)
+    and its `record` (the JSON object as read), and the file (for the errors of `reply()` and `specs`)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, json_schema_extra=_stamped)
 
     event: str
-    seq: int = Field(ge=0)
-    t: float = Field(ge=0, le=1e9, allow_inf_nan=False)  # seconds since the start (1e9: 31 years)
+    seq: int = Field(default=-1, ge=0)  # -1 until the writer stamps it; required in a line as read
+    t: float = Field(default=0.0, ge=0, le=1e9, allow_inf_nan=False)  # seconds since the start (1e9: 31 years)
+    _line: int = PrivateAttr(default=0)
+    _record: dict[str, Any] | None = PrivateAttr(default=None)
+    _path: str = PrivateAttr(default="")
+
+    @property
+    def line(self) -> int:
+        """The 1-based line of the file it was read from (0: an event not read from a file)."""
+        return self._line
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The line as a JSON object: as read from the file, else as the writer wrote it."""
+        return self._record if self._record is not None else self.model_dump(mode="json")
+
+    def stamped(self, seq: int, t: float, record: dict[str, Any] | None = None, line: int = 0,
+                path: str = "") -> Any:
+        """This event as the line `seq` written at `t` (the writer), or read at `line` of `path` as `record`."""
+        ev = self.model_copy(update={"seq": seq, "t": t})
+        ev._line, ev._record, ev._path = line, record, path
+        return ev
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One tool of the header, parsed (`HeaderLine.specs`): what replay and resume rebuild a tool from."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    kind: ToolKind
+    untrusted: bool
+    signature: bool = False  # a function's signature validated its arguments (pydantic's messages)
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description, "parameters": self.parameters}}
 
 
 class HeaderLine(LogEvent):
     model_config = ConfigDict(extra="allow")  # `header=` extras (workspace, drill, …)
 
-    event: Literal["header"]
+    event: Literal["header"] = "header"
     format: Literal["loopfence.runlog"]
     version: int
     run_id: str
@@ -81,9 +135,30 @@ class HeaderLine(LogEvent):
     # "model": the start model's name, "rates": [in, out, source]} (absent: the run had no price)
     prices: Obj | None = None
 
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """`tools` parsed; LogError naming the file, the line and tools[i] for an entry that is not one
+        (the reader checks this once, so a header read back always has its specs)."""
+        specs = []
+        for i, item in enumerate(self.tools):
+            fn = item.get("function")
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise LogError(self._path, self.line, f"header event: tools[{i}] is not an OpenAI tools[] entry "
+                               "with a function name")
+            try:
+                kind = ToolKind(item.get("kind", "side_effect"))
+            except ValueError:
+                raise LogError(self._path, self.line, f"header event: tools[{i}]: unknown kind "
+                               f"{item.get('kind')!r}") from None
+            params = fn.get("parameters")
+            specs.append(ToolSpec(fn["name"], str(fn.get("description") or ""),
+                                  params if isinstance(params, dict) else {"type": "object"}, kind,
+                                  bool(item.get("untrusted", False)), item.get("arguments") == "signature"))
+        return tuple(specs)
+
 
 class RequestLine(LogEvent):
-    event: Literal["request"]
+    event: Literal["request"] = "request"
     step: int
     fingerprint: str
     n_messages: int | None = None
@@ -105,7 +180,7 @@ class Usage(BaseModel):
 
 
 class ReplyLine(LogEvent):
-    event: Literal["reply"]
+    event: Literal["reply"] = "reply"
     step: int
     raw: Any = None  # the response as received (an object; anything for a broken stream)
     complete: bool
@@ -114,9 +189,23 @@ class ReplyLine(LogEvent):
     usage: Usage
     duration_s: float | None = None
 
+    def reply(self) -> _messages.Reply:
+        """The reply as the ring received it, rebuilt from the recorded raw response."""
+        try:
+            return _messages.Reply.from_response(self.raw, complete=self.complete, problem=self.problem)
+        except _messages.ReplyFormatError as exc:
+            if self.complete:
+                raise LogError(self._path, self.line, f"reply event: the recorded raw response cannot be "
+                               f"rebuilt into a reply ({exc})") from None
+        # an incomplete stream may have no readable body: keep what the ledger needs
+        u = self.usage
+        usage = _messages.Usage(u.prompt_tokens if u.reported else None, u.completion_tokens)
+        return _messages.Reply(None, (), self.finish_reason, usage, self.raw if isinstance(self.raw, dict) else {},
+                               False, self.problem)
+
 
 class CallLine(LogEvent):
-    event: Literal["call"]
+    event: Literal["call"] = "call"
     step: int
     tool_call_id: str
     name: str
@@ -130,7 +219,7 @@ class CallLine(LogEvent):
 
 
 class ResultLine(LogEvent):
-    event: Literal["result"]
+    event: Literal["result"] = "result"
     step: int
     tool_call_id: str
     name: str
@@ -143,9 +232,14 @@ class ResultLine(LogEvent):
     content: str
     violation: str | None = None
 
+    def tool_result(self, violation: str | None = None) -> ToolResult:
+        """The result as the ring got it (`violation`: the recorded one the caller read off the log)."""
+        return ToolResult(self.content, self.ok, self.decision, self.duration_s, self.error, violation,
+                          self.untrusted)
+
 
 class GateLine(LogEvent):
-    event: Literal["gate"]
+    event: Literal["gate"] = "gate"
     step: int
     tool_call_id: str | None = None
     name: str
@@ -158,7 +252,7 @@ class GateLine(LogEvent):
 
 
 class ResumeLine(LogEvent):
-    event: Literal["resume"]
+    event: Literal["resume"] = "resume"
     after_line: int
     elapsed_s: float
     step: int
@@ -172,7 +266,7 @@ class ResumeLine(LogEvent):
 class RetryLine(LogEvent):
     """One failed HTTP attempt of a model request, retried after `wait_s` seconds."""
 
-    event: Literal["retry"]
+    event: Literal["retry"] = "retry"
     step: int
     attempt: int  # the attempt that failed (1-based); attempt + 1 comes next
     status: int | None = None  # the HTTP status, None for a connection error or a timeout
@@ -185,7 +279,7 @@ class NudgeLine(LogEvent):
     replaced) became this message; `delivered` "refusal": the call (`tool_call_id`) was refused with
     it as its result; "message": it went to the model as a user message after the turn's results."""
 
-    event: Literal["nudge"]
+    event: Literal["nudge"] = "nudge"
     step: int
     reason: Annotated[StopReason, _Enum]
     detail: str = ""
@@ -201,7 +295,7 @@ class LastAnswerLine(LogEvent):
     disabled) was `asked` (its request and reply follow), `skipped` (`reason`: the budget that did
     not let it through), or `failed` (no answer: `reason` the stop its request met, or none)."""
 
-    event: Literal["last_answer"]
+    event: Literal["last_answer"] = "last_answer"
     step: int
     decision: Literal["asked", "skipped", "failed"]
     reason: Annotated[StopReason, _Enum] | None = None
@@ -215,7 +309,7 @@ class GuardLine(LogEvent):
     """What a guard said on its own (`Guard.note`): `guard` names it, `message` is its text, `data`
     its numbers. A note decides nothing: the run goes on, and reconcile's fold does not compare it."""
 
-    event: Literal["guard"]
+    event: Literal["guard"] = "guard"
     step: int
     guard: str
     message: str
@@ -223,7 +317,7 @@ class GuardLine(LogEvent):
 
 
 class StopLine(LogEvent):
-    event: Literal["stop"]
+    event: Literal["stop"] = "stop"
     reason: Annotated[StopReason, _Enum]
     detail: str = ""
     data: Obj = {}
@@ -243,7 +337,12 @@ EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume",
 
 
 def parse_line(record: dict[str, Any]) -> LogEvent:
-    """One record (JSON already parsed) -> its typed event; pydantic.ValidationError if it is not one."""
+    """One record (JSON already parsed) -> its typed event; pydantic.ValidationError if it is not one
+    (a line as read must carry its `seq` and `t`: the models default them only for the writer)."""
+    missing = [{"type": "missing", "loc": (str(record.get("event")), k), "input": record}
+               for k in ("seq", "t") if k not in record]
+    if missing:
+        raise ValidationError.from_exception_data("LogEvent", missing)  # type: ignore[arg-type]
     return LOG_LINE.validate_python(record)  # type: ignore[return-value]
 
 

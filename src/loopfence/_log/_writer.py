@@ -3,8 +3,8 @@
 A killed process leaves a log readable up to its last complete line; so does a write that fails
 (a full disk): `LogWriteError` then stops the run, and every later write refuses. Event kinds (field "event"):
 header, request, reply, call, result, gate, resume, retry, stop. Every event carries `seq` (0-based line
-number) and `t` (seconds since the run started, monotonic). Each record is checked against its model
-(_log/_schema.py) before it is written: the log holds only lines the reader accepts. A large
+number) and `t` (seconds since the run started, monotonic). Each event is its schema model
+(_log/_schema.py), checked when it was built: the log holds only lines the reader accepts. A large
 value is written once (_log/_large.py): a call's large arguments stay in the reply that brought them.
 """
 
@@ -16,13 +16,15 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from .._json import line
 from ._large import KEYED, shrink
-from ._schema import EVENT_KINDS, FORMAT, VERSION, LogEvent, parse_line
+from ._schema import EVENT_KINDS, FORMAT, VERSION, LogEvent, ReplyLine
 
-__all__ = ["RunLog", "LogWriteError", "Abandoned", "FORMAT", "VERSION", "EVENT_KINDS"]
+E = TypeVar("E", bound=LogEvent)
+
+__all__ = ["RunLog", "LogWriteError", "Abandoned", "FORMAT", "VERSION", "EVENT_KINDS", "E", "written"]
 
 
 class LogWriteError(OSError):
@@ -58,20 +60,23 @@ class Abandoned(BaseException):
     raises a subclass when the run it drives left the recording). BaseException: never a stop."""
 
 
-_HOT = frozenset({"request", "reply", "call", "result"})  # the ring writes these every step
 _HELD = frozenset({"reply", "result"})  # what `hold` keeps back: each follows an operation's end
+
+
+def written(ev: LogEvent) -> dict[str, Any]:
+    """An event's fields as its line holds them: what its writer set (a field left at its default
+    is left out, as older logs do), without the stamp."""
+    return ev.model_dump(exclude_unset=True, exclude={"event", "seq", "t"})
 
 
 class RunLog:
     """Append-only event writer. `path=None` keeps events in memory only (tests, benchmarks).
 
-    Records are checked against their models before they are written. The four the ring writes
-    every step (request, reply, call, result) are built by the ring alone, so they are checked only
-    when someone reads them typed (`on_event`) or `strict` is on (the test suite turns it on and
-    also validates every log it writes against the published schema): ~4 µs a line off each step.
+    It takes the schema's own event models (_log/_schema.py), built and so checked by whoever
+    writes them, stamps each with its `seq` and `t`, serialises it, and hands the same object to
+    `on_event` (the live stream, the console, OTel): one event, one record.
     """
 
-    strict = False
     hold = False
     """True: a `reply` or `result` line is written with the next line (or at `flush()`/`close()`)
     rather than on its own. The ring holds while it runs and flushes before every operation it
@@ -80,20 +85,18 @@ class RunLog:
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, t0: float | None = None,
                  append: bool = False, seq: int = 0,
-                 listener: Callable[[dict[str, Any]], None] | None = None,
                  on_event: Callable[[LogEvent], None] | None = None) -> None:
         self.path = str(path) if path is not None else None
         self.events: list[dict[str, Any]] = []
         self.keep = path is None
         self._t0 = time.monotonic() if t0 is None else t0
         self._seq = seq
-        self.listener = listener
         self.on_event = on_event  # each event, typed, as it is written
         self._fh: IO[bytes] | None = None
         self._broken: LogWriteError | None = None  # a write failed: every later write refuses
         self._held: list[bytes] = []  # lines kept back (`hold`), written with the next one
         self._written = seq  # lines known complete in the file
-        self._observer_failed = False  # an on_event or listener raised (warned once)
+        self._observer_failed = False  # an on_event raised (warned once)
         self._reply_raw: Any = None  # the latest reply's raw response (where a call's arguments are)
         if self.path is not None:
             self._fh = _open(self.path, "ab" if append else "wb")
@@ -103,15 +106,17 @@ class RunLog:
         """The monotonic time the log's `t` counts from."""
         return self._t0
 
-    def write(self, event: str, **fields: Any) -> dict[str, Any]:
-        if event == "reply":
-            self._reply_raw = fields.get("raw")
+    def write(self, ev: E) -> E:
+        """The event as the log's next line: stamped, written (or held: `hold`), and passed on."""
+        event = ev.event
+        fields = written(ev)
+        if isinstance(ev, ReplyLine):
+            self._reply_raw = ev.raw
         elif event in KEYED:
             fields = shrink(event, fields, self._reply_raw)
-        record = {"event": event, "seq": self._seq, "t": round(time.monotonic() - self._t0, 6),
-                  **fields}
-        typed = parse_line(record) if self.on_event is not None or self.strict or event not in _HOT \
-            else None  # a record its model refuses is a bug here: never written
+        t = round(time.monotonic() - self._t0, 6)
+        record = {"event": event, "seq": self._seq, "t": t, **fields}
+        ev = ev.stamped(self._seq, t, record)
         self._seq += 1
         if self._fh is not None:
             if self.hold and event in _HELD:
@@ -122,13 +127,11 @@ class RunLog:
                 self._put(line(record))
         if self.keep:
             self.events.append(record)
-        if self.listener is not None:
-            self._notify(self.listener, record, event)
         if self.on_event is not None:
-            self._notify(self.on_event, typed, event)
-        return record
+            self._notify(self.on_event, ev, event)
+        return ev
 
-    def _notify(self, observer: Callable[[Any], None], value: Any, event: str) -> None:
+    def _notify(self, observer: Callable[[LogEvent], None], value: LogEvent, event: str) -> None:
         """An observer's bug never changes the run or its log: it is warned about once, and the
         run goes on (its stop, its counts and its log are what they would have been)."""
         try:

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .._json import loads_object
-from .._messages import Reply
-from .._log._events import LogError, ReplyEvent, ResultEvent
+from .._log import LogError
 from .._log._reader import RunLogFile, read_log
+from .._log._schema import ReplyLine, ResultLine
+from .._messages import Reply
 
 __all__ = ["to_atif", "ATIF_SCHEMA_VERSION"]
 
@@ -34,14 +35,14 @@ def to_atif(path: str | Path | RunLogFile) -> dict[str, Any]:
         steps.append({"step_id": 1, "timestamp": clock.at(h.t), "source": "system", "message": h.system})
     steps.append({"step_id": len(steps) + 1, "timestamp": clock.at(h.t), "source": "user",
                   "message": h.task})
-    results: dict[int, list[ResultEvent]] = {}
+    results: dict[int, list[ResultLine]] = {}
     for e in log.events:
-        if isinstance(e, ResultEvent):
+        if isinstance(e, ResultLine):
             results.setdefault(e.step, []).append(e)
     used: set[str] = set()
     model_name = h.model.get("model") if isinstance(h.model.get("model"), str) else None
     for e in log.events:
-        if isinstance(e, ReplyEvent):
+        if isinstance(e, ReplyLine):
             steps.append(_agent_step(len(steps) + 1, e, results.get(e.step, []), used, clock, model_name))
     out: dict[str, Any] = {
         "schema_version": ATIF_SCHEMA_VERSION,
@@ -53,20 +54,20 @@ def to_atif(path: str | Path | RunLogFile) -> dict[str, Any]:
         "steps": steps,
     }
     stop = log.stop
-    totals = {"total_prompt_tokens": sum(e.prompt_tokens for e in log.events if isinstance(e, ReplyEvent)),
-              "total_completion_tokens": sum(e.completion_tokens for e in log.events
-                                             if isinstance(e, ReplyEvent)),
+    replies = [e for e in log.events if isinstance(e, ReplyLine)]
+    totals = {"total_prompt_tokens": sum(e.usage.prompt_tokens for e in replies),
+              "total_completion_tokens": sum(e.usage.completion_tokens for e in replies),
               "total_steps": len(steps)}
     if stop is not None:
         out["notes"] = f"loopfence run stopped: {stop.reason} ({stop.verdict}): {stop.detail}"
         totals["extra"] = {"ledger": stop.ledger}
     out["final_metrics"] = totals
     out["extra"] = {"loopfence": {
-        "log": log.path, "format_version": h.raw.get("version"),
+        "log": log.path, "format_version": h.version,
         "stop": None if stop is None else {"reason": stop.reason, "detail": stop.detail,
                                            "verdict": stop.verdict, "data": stop.data,
                                            "final_answer": stop.final_answer},
-        "resumed": sum(e.kind == "resume" for e in log.events)}}
+        "resumed": sum(e.event == "resume" for e in log.events)}}
     return out
 
 
@@ -86,7 +87,7 @@ class _Clock:
             return None
 
 
-def _agent_step(n: int, e: ReplyEvent, results: list[ResultEvent], used: set[str], clock: _Clock,
+def _agent_step(n: int, e: ReplyLine, results: list[ResultLine], used: set[str], clock: _Clock,
                 model_name: str | None) -> dict[str, Any]:
     try:
         reply = e.reply()
@@ -122,8 +123,8 @@ def _agent_step(n: int, e: ReplyEvent, results: list[ResultEvent], used: set[str
         observed.append(item)
     if observed:
         step["observation"] = {"results": observed}
-    step["metrics"] = {"prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens,
-                       "extra": {"prompt_tokens_reported": e.reported}}
+    step["metrics"] = {"prompt_tokens": e.usage.prompt_tokens, "completion_tokens": e.usage.completion_tokens,
+                       "extra": {"prompt_tokens_reported": e.usage.reported}}
     step["extra"] = {"loopfence_step": e.step, "finish_reason": e.finish_reason, "complete": e.complete,
                      "decisions": [{"tool_call_id": r.tool_call_id, "decision": r.decision, "ok": r.ok,
                                     "error": r.error} for r in results],

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._json import JsonFileError, loads, read_bounded
-from .._log._events import LogError
+from .._log import LogError
 from ._html import bar_chart, esc, fmt_num, fmt_s, page
 from ._run import write_run_report
 

@@ -20,7 +20,7 @@ from typing import Any
 from .._log._large import call_text
 from .._log._reader import RunLogFile, read_log
 from .._log._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
-                              ResumeLine, RetryLine, StopLine, parse_line)
+                              ResumeLine, RetryLine, StopLine)
 from ._html import bar_chart, clip, esc, fmt_num, fmt_s, page, stacked_chart
 
 __all__ = ["RunView", "Step", "Call", "read_run", "render_run", "write_run_report", "BUDGETS"]
@@ -63,22 +63,21 @@ class RunView:
 
 
 def _stop_lines(events: Any) -> dict[int, StopLine]:
-    return {e.line: line for e in events if isinstance(line := parse_line(e.raw), StopLine)}
+    return {e.line: e for e in events if isinstance(e, StopLine)}
 
 
 def read_run(path: str | os.PathLike[str], log: RunLogFile | None = None) -> RunView:
     """A log read tolerantly (a killed run's torn last line is set aside) into steps; `log`: the
     file at `path` read so already (`read_log(path, tolerant=True)`)."""
     log = read_log(path, tolerant=True) if log is None else log
-    events: list[LogEvent] = [parse_line(e.raw) for e in log.all_events]
-    header = parse_line(log.header.raw)  # the header as the run went on (a resume's overrides applied)
-    assert isinstance(header, HeaderLine)
+    events: list[LogEvent] = list(log.all_events)
+    header = log.header  # the header as the run went on (a resume's overrides applied)
     steps: list[Step] = []
     by_id: dict[str, Call] = {}
     pending_gates: dict[str, list[GateLine]] = {}
     view = RunView(str(path), header, steps, None, [], [], [], log.torn_bytes, events[-1].t,
                    _stop_lines(log.reopened))
-    texts = call_text(e.raw for e in log.all_events)  # large arguments, stored once in their reply
+    texts = call_text(e.record for e in events)  # large arguments, stored once in their reply
     for e in events[1:]:
         if isinstance(e, RequestLine):
             steps.append(Step(e))

@@ -94,7 +94,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, models: ModelFactory =
                 registry = Registry([*own, *mcp])
                 result = run(scenario.task, model=model, tools=registry, limits=scenario.limits,
                              policy=scenario.policy, system=scenario.system, params=scenario.params,
-                             log=RunLog(log_path, listener=events.append),
+                             log=RunLog(log_path, on_event=lambda e: events.append(e.record)),
                              header={**(header or {}), **_merged_mcp(header, mcp), "workspace": str(root),
                                      "drill": {"scenario": scenario.name, "file": scenario.file}})
         except Exception as exc:  # noqa: BLE001 - a scenario that cannot run is a failed row

@@ -53,8 +53,8 @@ from agents.tool_context import ToolContext
 from agents.usage import Usage
 
 from .._messages import Reply, Request
-from .._log._events import ReplyEvent
 from .._log._reader import read_log
+from .._log._schema import ReplyLine
 from .._stops import Stop
 from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
 
@@ -109,7 +109,7 @@ def recorded_model(log: str | Path) -> ScriptedModel:
     recorded one but for timings and the run id). Past the recording it raises, as ScriptedModel does."""
     steps: list[Any] = []
     for event in read_log(log).events:
-        if not isinstance(event, ReplyEvent):
+        if not isinstance(event, ReplyLine):
             continue
         reply = event.reply()
         output: list[Any] = [assistant_message(reply.content)] if reply.content else []

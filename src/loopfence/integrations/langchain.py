@@ -56,8 +56,8 @@ from .._json import dumps
 from .._messages import Reply, Request
 from .._stops import Stop
 from ..tools._registry import Tool
-from .._log._events import ReplyEvent
 from .._log._reader import read_log
+from .._log._schema import ReplyLine
 from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
 
 __all__ = ["FenceMiddleware", "LangChainFenceStop", "LangChainToolError", "to_reply", "scripted_model",
@@ -162,7 +162,7 @@ def recorded_model(log: str | Path) -> GenericFakeChatModel:
     """A chat model giving a fenced run's recorded replies again, in order: the agent, run again
     with it and the same fence, replays the run (its new log is the recorded one, but for timings and
     the run id). Past the recording it raises RuntimeError."""
-    replies = [e.reply() for e in read_log(log).events if isinstance(e, ReplyEvent)]
+    replies = [e.reply() for e in read_log(log).events if isinstance(e, ReplyLine)]
 
     def served() -> Iterator[AIMessage]:
         yield from (_ai_message(r) for r in replies)

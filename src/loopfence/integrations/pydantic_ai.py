@@ -48,8 +48,8 @@ from pydantic_ai.usage import RequestUsage, UsageLimits
 
 from .._json import dumps
 from .._messages import Reply, Request
-from .._log._events import ReplyEvent
 from .._log._reader import read_log
+from .._log._schema import ReplyLine
 from .._stops import Stop
 from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
 
@@ -93,7 +93,7 @@ def recorded_model(log: str | Path) -> FunctionModel:
     """A pydantic-ai FunctionModel that gives a fenced run's recorded replies again, in order: the
     agent, run again with it and the same fence, replays the run (its new log is the recorded one,
     but for timings and the run id). Past the recording it raises RuntimeError."""
-    replies = [e.reply() for e in read_log(log).events if isinstance(e, ReplyEvent)]
+    replies = [e.reply() for e in read_log(log).events if isinstance(e, ReplyLine)]
     served = iter(replies)
 
     def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

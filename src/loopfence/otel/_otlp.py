@@ -17,7 +17,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from .._json import dumps
 from .._log._reader import RunLogFile, read_log
-from .._log._schema import parse_line
 from ._instrument import SCOPE, _version
 from ._spans import SpanRecorder
 
@@ -41,7 +40,7 @@ def spans_from_log(path: str | os.PathLike[str] | RunLogFile, *, tracer_provider
     provider.add_span_processor(SimpleSpanProcessor(memory))
     recorder = SpanRecorder(provider.get_tracer(SCOPE, _version()), include_content=include_content)
     for event in log.all_events:
-        recorder(parse_line(event.raw))
+        recorder(event)
         if recorder.error is not None:
             raise recorder.error
     recorder.finish()

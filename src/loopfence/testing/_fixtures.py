@@ -10,8 +10,8 @@ import pytest
 
 from .._messages import Reply
 from ..models._scripted import ScriptedModel
-from .._log._events import Event, StopEvent
 from .._log._reader import RunLogFile, read_log
+from .._log._schema import LogEvent, StopLine
 from .._drivers._replay import ReplayReport, replay
 from ._builders import calls_reply, text_reply
 
@@ -62,15 +62,15 @@ class RunLogFixture:
         return read_log(self.path)
 
     @property
-    def events(self) -> list[Event]:
+    def events(self) -> list[LogEvent]:
         log = self.read()
         return [log.header, *log.events]
 
-    def of(self, kind: str) -> list[Event]:
-        return [e for e in self.events if e.kind == kind]
+    def of(self, kind: str) -> list[LogEvent]:
+        return [e for e in self.events if e.event == kind]
 
     @property
-    def stop(self) -> StopEvent:
+    def stop(self) -> StopLine:
         stop = self.read().stop
         if stop is None:
             pytest.fail(f"{self.path}: the run log has no stop as its last line", pytrace=False)
