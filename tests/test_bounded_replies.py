@@ -191,7 +191,7 @@ def test_large_arguments_are_stored_once_and_the_log_reads_back(ws: Path, stream
     assert json.loads(call_text(records)[call["seq"]])["content"] == content
     view = read_run(log)
     assert json.loads(view.steps[0].calls[0].call.raw_arguments or "")["content"] == content
-    (row,) = [c for c in calls_from_events(records)]
+    (row,) = [c for c in calls_from_events(read_log(log).all_events)]
     assert row.arguments["content"] == content
     _holds(log)
 

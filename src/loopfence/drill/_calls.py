@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._json import canonical_json, loads, loads_object
-from .._messages import Reply, ReplyFormatError
 from .._log._large import call_text
+from .._log._schema import CallLine, LogEvent, ReplyLine, ResultLine
+from .._messages import Reply, ReplyFormatError
 
 __all__ = ["CallRecord", "calls_from_events"]
 
@@ -35,17 +37,16 @@ class CallRecord:
         return out
 
 
-def _arguments(e: dict[str, Any], text: str | None = None) -> Any:
+def _arguments(c: CallLine, text: str | None = None) -> Any:
     """`text`: the raw arguments a call event left in its reply (_log/_large.py)."""
-    if isinstance(e.get("arguments"), dict):
-        return e["arguments"]
-    key, name = e.get("key"), e.get("name", "")
-    if isinstance(key, str) and key.startswith(f"{name}:"):
+    if c.arguments is not None:
+        return c.arguments
+    if c.key is not None and c.key.startswith(f"{c.name}:"):
         try:
-            return loads(key[len(name) + 1:])
+            return loads(c.key[len(c.name) + 1:])
         except ValueError:
             pass
-    raw = e.get("raw_arguments") or text or ""
+    raw = c.raw_arguments or text or ""
     if not raw.strip():
         return {}
     try:
@@ -54,41 +55,39 @@ def _arguments(e: dict[str, Any], text: str | None = None) -> Any:
         return raw
 
 
-def _positions(events: list[dict[str, Any]]) -> dict[int, dict[str, int]]:
+def _positions(events: Sequence[LogEvent]) -> dict[int, dict[str, int]]:
     """step -> tool_call_id -> position in that reply (when the raw reply can be read)."""
     out: dict[int, dict[str, int]] = {}
     for e in events:
-        if e.get("event") == "reply" and isinstance(e.get("raw"), dict):
+        if isinstance(e, ReplyLine) and isinstance(e.raw, dict):
             try:
-                calls = Reply.from_response(e["raw"]).tool_calls
+                calls = Reply.from_response(e.raw).tool_calls
             except ReplyFormatError:
                 continue
             pos: dict[str, int] = {}
             for i, c in enumerate(calls):
                 pos.setdefault(c.id, i)
-            out[int(e.get("step", 0))] = pos
+            out[e.step] = pos
     return out
 
 
-def calls_from_events(events: list[dict[str, Any]]) -> list[CallRecord]:
-    """One record per requested call; ordered by step, then by position in the reply."""
-    rows: list[tuple[tuple[int, int, int], dict[str, Any], dict[str, Any] | None]] = []
+def calls_from_events(events: Sequence[LogEvent]) -> list[CallRecord]:
+    """One record per requested call, from a run's typed events (as `on_event` or `read_log` gives
+    them); ordered by step, then by position in the reply."""
+    rows: list[tuple[tuple[int, int, int], CallLine, ResultLine | None]] = []
     open_calls: dict[tuple[int, str], int] = {}
     positions = _positions(events)
-    texts = call_text(events)
+    texts = call_text(e.record for e in events)
     for e in events:
-        kind = e.get("event")
-        if kind == "call":
-            step, cid = int(e.get("step", 0)), str(e.get("tool_call_id"))
-            order = (step, positions.get(step, {}).get(cid, 1 << 30), int(e.get("seq", 0)))
-            open_calls[(step, cid)] = len(rows)
+        if isinstance(e, CallLine):
+            order = (e.step, positions.get(e.step, {}).get(e.tool_call_id, 1 << 30), e.seq)
+            open_calls[(e.step, e.tool_call_id)] = len(rows)
             rows.append((order, e, None))
-        elif kind == "result":
-            i = open_calls.pop((int(e.get("step", 0)), str(e.get("tool_call_id"))), None)
+        elif isinstance(e, ResultLine):
+            i = open_calls.pop((e.step, e.tool_call_id), None)
             if i is not None:
                 rows[i] = (rows[i][0], rows[i][1], e)
     rows.sort(key=lambda r: r[0])
-    return [CallRecord(c.get("name", ""), _arguments(c, texts.get(c.get("seq"))), str((r or c).get("decision")),
-                       None if r is None else bool(r.get("ok")), None if r is None else r.get("error"),
-                       int(c.get("step", 0)))
+    return [CallRecord(c.name, _arguments(c, texts.get(c.seq)), str((r or c).decision),
+                       None if r is None else r.ok, None if r is None else r.error, c.step)
             for _, c, r in rows]

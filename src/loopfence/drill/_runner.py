@@ -14,6 +14,7 @@ from .._json import MAX_LOG_DEPTH, dumps, loads
 from .._agent import run
 from .._stops import RunResult
 from .._log import RunLog
+from .._log._schema import LogEvent
 from ..tools import ArgumentError, Registry, Tool
 from ._calls import CallRecord, calls_from_events
 from ._expect import Observed, mismatches
@@ -83,7 +84,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, models: ModelFactory =
     log's header; the scenario's own MCP servers (`mcp`) start for it and stop after it."""
     log_path = Path(out_dir) / f"{scenario.name}.jsonl"
     expected = str(scenario.expect.stop) if scenario.expect and scenario.expect.stop else None
-    events: list[dict[str, Any]] = []
+    events: list[LogEvent] = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"loopfence-drill-{scenario.name}-") as tmp:
         root = Path(tmp).resolve()
@@ -94,7 +95,7 @@ def run_scenario(scenario: Scenario, out_dir: str | Path, models: ModelFactory =
                 registry = Registry([*own, *mcp])
                 result = run(scenario.task, model=model, tools=registry, limits=scenario.limits,
                              policy=scenario.policy, system=scenario.system, params=scenario.params,
-                             log=RunLog(log_path, on_event=lambda e: events.append(e.record)),
+                             log=RunLog(log_path, on_event=events.append),
                              header={**(header or {}), **_merged_mcp(header, mcp), "workspace": str(root),
                                      "drill": {"scenario": scenario.name, "file": scenario.file}})
         except Exception as exc:  # noqa: BLE001 - a scenario that cannot run is a failed row
