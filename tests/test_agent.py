@@ -218,3 +218,40 @@ def test_ctrl_c_mid_tool_returns_the_cancelled_result_under_agent_run_and_run(ho
     assert events[-1]["event"] == "stop" and events[-1]["reason"] == "cancelled"
     assert [e["error"] for e in events if e["event"] == "result"] == ["outcome_unknown"]
     assert reconcile(log).ok
+
+
+class _TwoCallsEachRun:
+    """Every run: a call, another, then an answer (the turn read from the request's own messages)."""
+
+    def complete(self, request: Any) -> Any:
+        from loopfence import Reply
+
+        turn = sum(m["role"] == "assistant" for m in request.messages)
+        return Reply.from_response(text_reply("done") if turn >= 2 else calls_reply(tool_call("peek", i=turn)))
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "two-calls-each-run"}
+
+
+def test_each_run_of_an_agent_has_its_own_guards_and_gate() -> None:
+    """A guard's counts are one run's: the agent's second run starts where its first did, and the
+    guard instance the user gave is left untouched."""
+    from loopfence import Guard
+
+    class AtMostThree(Guard):
+        def __init__(self) -> None:
+            self.seen = 0
+
+        def after_execution(self, s: Any, c: Any, result: Any) -> Any:
+            self.seen += 1
+            return self.stop("a third execution", limit=3, value=self.seen) if self.seen >= 3 else None
+
+    given = AtMostThree()
+    with Agent(model=_TwoCallsEachRun(), tools=[tool(lambda i: "ok", name="peek")], guards=[given]) as agent:
+        first, second = agent.run("one"), agent.run("two")
+    assert [r.stop.reason for r in (first, second)] == [StopReason.FINAL_ANSWER] * 2
+    assert second.ledger.tool_executions == 2 and given.seen == 0
+    # run() with the caller's guard (one task): the instance is the run's, as it always was
+    shared = AtMostThree()
+    run("one", model=_TwoCallsEachRun(), tools=[tool(lambda i: "ok", name="peek")], guards=[shared])
+    assert shared.seen == 2

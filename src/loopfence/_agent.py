@@ -14,6 +14,7 @@ makes an agent and runs the task on a fresh loop, closed after, as one call shou
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -143,8 +144,10 @@ class Agent:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _settings(self, changes: Mapping[str, Any]) -> RunSettings:
-        """One run's settings: the agent's, with `changes` checked as Agent(...) checks."""
+    def _settings(self, changes: Mapping[str, Any], *, own: bool = True) -> RunSettings:
+        """One run's settings: the agent's, with `changes` checked as Agent(...) checks. `own`: the
+        run gets its own copy of the gate and of each guard (their counts and taint are one run's:
+        an agent's second run starts clean); a one-task agent (`run()`) passes the caller's own."""
         changes = dict(changes)
         log = changes.pop("log") if "log" in changes else self.new_log()
         unknown = sorted(set(changes) - set(_SETTINGS))
@@ -154,6 +157,8 @@ class Agent:
         me = dataclasses.replace(self, **changes) if changes else self
         settings: dict[str, Any] = {name: getattr(me, name) for name in _SETTINGS}
         settings.update(header=me.header or None, log=log)
+        if own:
+            settings.update(gate=copy.deepcopy(me.gate), guards=copy.deepcopy(me.guards))
         return settings  # type: ignore[return-value]
 
     def new_log(self) -> Path | None:
@@ -196,7 +201,7 @@ def run(task: str, *, model: Model, log: LogArg = None, **settings: Unpack[Setti
     counts dollars. A cost budget for a model with no known price raises PriceError (a ValueError)
     before anything is written or sent.
     """
-    one = Agent(model=model, **settings)._settings({"log": log})
+    one = Agent(model=model, **settings)._settings({"log": log}, own=False)
     return run_sync(to_stop(task, one))[0]
 
 
@@ -216,11 +221,11 @@ async def arun(task: str, *, model: Model, log: LogArg = None, **settings: Unpac
     a bug inside loopfence ends it `internal_error` with the traceback in the stop's data.
     Arguments as `run()`.
     """
-    return await Agent(model=model, **settings).arun(task, log=log)
+    return await arun_with(task, Agent(model=model, **settings)._settings({"log": log}, own=False))
 
 
 def stream(task: str, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunStream:
     """The run as a stream of its typed events (loopfence._log._schema), ending with the stop; the
     final RunResult is `.result` once the stop has been yielded. `async for` or plain `for` (see
     RunStream; a plain `for` runs on a fresh event loop of its own). Arguments as `run()`."""
-    return RunStream(task, Agent(model=model, **settings)._settings({"log": log}))
+    return RunStream(task, Agent(model=model, **settings)._settings({"log": log}, own=False))

@@ -31,6 +31,7 @@ is a named end, not a bug: the adapter's `limit_of` recognizes its error, and th
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import threading
 import time
@@ -162,7 +163,7 @@ class Fence:
         if agent is not None:
             limits, policy, prices = limits or agent.limits, policy or agent.policy, prices or agent.prices  # type: ignore[assignment]
             approve, on_event = approve or agent.approve, on_event or agent.on_event
-            guards = guards or (None if agent.guards is None else functools.partial(list, agent.guards))
+            guards = guards or (None if agent.guards is None else functools.partial(copy.deepcopy, list(agent.guards)))
             log = log or (agent.new_log if agent.log is not None else None)
             if agent.gate is not None:  # its settings; each run has a gate of its own (a gate keeps the taint)
                 approve = approve or agent.gate.approve
