@@ -26,7 +26,9 @@ from typing import Any, Unpack
 
 from ._aio import KeptLoop, run_sync
 from ._batch import BatchResult, Episode, abatch
+from ._answer import AnswerArg, answer_contract
 from ._compact import Compaction
+from ._conversation import Task, check_task
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard
 from ._limits import Limits, Policy
@@ -60,6 +62,11 @@ class Agent:
     After checking, `limits` and `policy` hold their objects, `tools` a tuple of Tools, and `params`
     and `header` read-only mappings.
 
+    answer: the answer contract (loopfence._answer): a pydantic model class, a JSON schema (a dict) or a
+      function `(text) -> error message | None`. A final answer that fails it goes back to the model
+      with the error as a user message (`answer_retries` times, default 1), then the run stops
+      `answer_rejected`; an accepted one is `result.output` (the model's instance, the parsed JSON).
+
     log: a folder: each run writes its own log there (`run-<UTC time>-<id>.jsonl`); None (the
       default) writes none. One call's own file: `agent.run(task, log="that.jsonl")` (a path or a
       RunLog, as run() takes it).
@@ -84,6 +91,8 @@ class Agent:
     approve: ApprovalHook | None = None
     compaction: Compaction | None = None
     prices: PricesArg = None
+    answer: AnswerArg = None
+    answer_retries: int = 1
     header: Mapping[str, Any] | None = None
     executor: Executor | None = None
     _loop: KeptLoop = field(init=False, repr=False)
@@ -99,21 +108,23 @@ class Agent:
         put("guards", None if self.guards is None else tuple(self.guards))
         _check_folder(self.log)
         check_price(self.model, self.limits, self.prices, dict(self.params))  # type: ignore[arg-type]
+        answer_contract(self.answer, self.answer_retries)
         put("_loop", KeptLoop())
 
     # -- one task ------------------------------------------------------------------------------------
-    async def arun(self, task: str, **changes: Unpack[RunSettings]) -> RunResult:
+    async def arun(self, task: Task, **changes: Unpack[RunSettings]) -> RunResult:
         """`arun()` with the agent's settings (any of them changed for this call by keyword)."""
         return await arun_with(task, self._settings(changes))
 
-    def run(self, task: str, **changes: Unpack[RunSettings]) -> RunResult:
+    def run(self, task: Task, **changes: Unpack[RunSettings]) -> RunResult:
         """The run from sync code, on the agent's event loop (see the class): its RunResult."""
         settings = self._settings(changes)
         return self._loop.run(lambda: to_stop(task, settings))[0]
 
-    def stream(self, task: str, **changes: Unpack[RunSettings]) -> RunStream:
+    def stream(self, task: Task, **changes: Unpack[RunSettings]) -> RunStream:
         """`stream()` with the agent's settings: `async for` / `for` over the run's typed events (a
         sync `for` runs on the agent's event loop, over its connection pool)."""
+        check_task(task)
         return RunStream(task, self._settings(changes), self._loop.run)
 
     # -- many ----------------------------------------------------------------------------------------
@@ -184,13 +195,18 @@ def _check_folder(log: Any) -> None:
 
 
 # -- one task: an Agent made for it ----------------------------------------------------------------
-def run(task: str, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunResult:
+def run(task: Task, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunResult:
     """Run the fenced loop until it stops for a named reason: `Agent(model=model, **settings)`'s
     run, on an event loop of its own (inside a running event loop, on a helper thread). Never raises
     for a stop; raises LogWriteError (an OSError) when the log cannot be written, ending the run
     where its log ends. Ctrl-C ends the run `cancelled` and returns its result (a second Ctrl-C
     raises KeyboardInterrupt). A bad argument raises before anything is written or sent.
 
+    task: a string, or a conversation to continue: OpenAI chat messages ending with the user's, e.g.
+    `[*result.messages, {"role": "user", "content": "next"}]` (`result.messages` is the conversation
+    so far). Each call is one run, with its own log and budgets (a whole conversation's budget:
+    `limits=Limits(...).left_after(*earlier_ledgers)`). A conversation that opens with a system
+    message keeps its own; else `system` goes first.
     log: a path or a RunLog (None: no log file). The rest as `Agent(...)`'s settings:
     gate: the untrusted-content gate (default: UntrustedGate(approve); `approve` None denies);
     compaction: the outgoing-context policy (default: Compaction(); `Compaction.off()` disables);
@@ -205,7 +221,7 @@ def run(task: str, *, model: Model, log: LogArg = None, **settings: Unpack[Setti
     return run_sync(to_stop(task, one))[0]
 
 
-async def arun(task: str, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunResult:
+async def arun(task: Task, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunResult:
     """Run the fenced loop until it stops for a named reason, on the running event loop: `Agent(model=
     model, **settings)`'s arun. Every operation (model request, token count, tool, approval) is
     awaited under the run's limits: an async adapter (`acomplete`, `acount_tokens`, an `async def`
@@ -224,8 +240,9 @@ async def arun(task: str, *, model: Model, log: LogArg = None, **settings: Unpac
     return await arun_with(task, Agent(model=model, **settings)._settings({"log": log}, own=False))
 
 
-def stream(task: str, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunStream:
+def stream(task: Task, *, model: Model, log: LogArg = None, **settings: Unpack[Settings]) -> RunStream:
     """The run as a stream of its typed events (loopfence._log._schema), ending with the stop; the
     final RunResult is `.result` once the stop has been yielded. `async for` or plain `for` (see
     RunStream; a plain `for` runs on a fresh event loop of its own). Arguments as `run()`."""
+    check_task(task)
     return RunStream(task, Agent(model=model, **settings)._settings({"log": log}, own=False))

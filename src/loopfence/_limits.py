@@ -54,6 +54,19 @@ class Limits:
     def to_json(self) -> dict[str, Any]:
         return _fields_of(self)
 
+    def left_after(self, *spent: LedgerSnapshot) -> Limits:
+        """These limits less what earlier runs spent (their `result.ledger`): a whole conversation's
+        budget, each turn run with what is left (`limits=limits.left_after(*ledgers)`). The run-wide
+        budgets shrink (steps, tool calls, prompt and completion tokens, seconds, dollars), never
+        below 0 (a budget spent stops the next turn at once, naming it); per-request caps and the
+        repetition rules stay."""
+        left = {name: getattr(self, name) for name in _SPENT}
+        for ledger in spent:
+            for name, used in _SPENT.items():
+                if left[name] is not None:
+                    left[name] = max(0, left[name] - (getattr(ledger, used) or 0))
+        return dataclasses.replace(self, **left)
+
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
@@ -106,6 +119,11 @@ _PROFILES: dict[str, dict[str, Any]] = {
     "chat": {"max_steps": 30, "max_tool_calls": 60, "max_prompt_tokens": 250_000,
              "max_completion_tokens": 20_000},
 }
+
+# The run-wide budgets `left_after` shrinks, and the ledger's count of what a run spent of each.
+_SPENT = {"max_steps": "model_requests", "max_tool_calls": "tool_calls", "max_prompt_tokens": "prompt_tokens",
+          "max_completion_tokens": "completion_tokens", "max_wall_seconds": "elapsed_s",
+          "max_cost_usd": "cost_usd"}
 
 _INT = {"max_steps", "max_tool_calls", "max_prompt_tokens", "max_completion_tokens",
         "max_tokens_per_request", "max_repeats", "max_identical_results", "max_cycle_repeats", "context_window",

@@ -6,6 +6,7 @@ Policies live in guards (_guards.py) and the contract (_contract.py); this modul
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from ._aio import CTRL_C, METER, Meter, checkpoint, in_thread, prefers_async, run_sync, waited
+from ._answer import AnswerArg
 from ._compact import Compaction
+from ._conversation import Task
 from ._contract import CheckedCall, check_reply, requested_max_tokens
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard, Guards
@@ -56,6 +59,8 @@ class Settings(TypedDict, total=False):
     approve: ApprovalHook | None
     compaction: Compaction | None
     prices: PricesArg
+    answer: AnswerArg
+    answer_retries: int
     header: Mapping[str, Any] | None
     executor: Executor | None
 
@@ -67,7 +72,7 @@ class RunSettings(Settings, total=False):
     log: LogArg
 
 
-async def to_stop(task: str, settings: RunSettings) -> tuple[RunResult, asyncio.CancelledError | None]:
+async def to_stop(task: Task, settings: RunSettings) -> tuple[RunResult, asyncio.CancelledError | None]:
     """The run of `task` under `settings` to its named stop: (its result, the cancel that ended it,
     if one did). Every run goes through here (an `Agent`'s; `run()`, `arun()`, `stream()` make one):
     `arun()` raises that cancel once the stop is written, `run()` returns the result."""
@@ -79,11 +84,12 @@ async def to_stop(task: str, settings: RunSettings) -> tuple[RunResult, asyncio.
                                       get("system"), None if params is None else dict(params), get("log"),
                                       None if guards is None else list(guards), get("executor"),
                                       None if header is None else dict(header), get("gate"), get("approve"),
-                                      get("compaction"), get("on_event"), get("prices"))
+                                      get("compaction"), get("on_event"), get("prices"),
+                                      get("answer"), get("answer_retries", 1))
     return await _to_stop(state, model, runlog, guard, exe)
 
 
-async def arun_with(task: str, settings: RunSettings) -> RunResult:
+async def arun_with(task: Task, settings: RunSettings) -> RunResult:
     """`to_stop`, as `arun()` ends: a cancel that ended the run propagates once its stop is written."""
     result, cancel = await to_stop(task, settings)
     if cancel is not None:
@@ -245,8 +251,7 @@ async def _last_answer(s: RunState, ops: _Ops, log: RunLog, guards: Guards,
 
 
 def _with_cpu(result: RunResult, cpu: float) -> RunResult:
-    return RunResult(result.stop, result.final_answer, result.ledger, result.messages, result.log_path,
-                     result.partial_text, round(cpu, 6), result.last_answer)
+    return dataclasses.replace(result, cpu_s=round(cpu, 6))
 
 
 class _Ops:

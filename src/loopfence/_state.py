@@ -86,6 +86,9 @@ class RunState:
     # a reply cut at the run's own reservation stops max_completion_tokens (a log before version 4
     # named it incomplete_stream: its playback turns this off)
     names_reservation_cuts: bool = True
+    answer: Any = None  # the answer contract (`_answer.AnswerContract`; playback: the recorded verdicts)
+    answer_rejections: int = 0  # final answers it rejected so far
+    output: Any = None  # the accepted answer as the contract typed it (RunResult.output)
 
     def __post_init__(self) -> None:
         tools = canonical_json(self.registry.schemas())

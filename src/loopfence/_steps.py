@@ -20,7 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ._answer import AnswerArg, answer_contract
 from ._compact import Compaction
+from ._conversation import Task, opening
 from ._contract import CheckedCall, ContractResult, requested_max_tokens
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard, Guards, default_guards, nudge_for
@@ -32,14 +34,14 @@ from ._prices import PricesArg, price_book
 from ._repeats import outcome_fingerprint
 from ._state import RunState
 from ._stops import RunResult, Stop, StopError, StopReason
-from ._log._schema import (CallLine, Decision, HeaderLine, LogEvent, NudgeLine, ReplyLine, RequestLine, ResultLine,
+from ._log._schema import (AnswerLine, CallLine, Decision, HeaderLine, LogEvent, NudgeLine, ReplyLine, RequestLine, ResultLine,
                            StopLine, Usage)
 from ._log._writer import FORMAT, VERSION, RunLog
 from .tools._executor import Executor, ToolResult, error_result, refusal
 from .tools._registry import Registry, Tool, ToolKind
 
 __all__ = ["start", "new_state", "config_of", "set_price", "describe_model", "open_request", "close_reply",
-           "settle_contract", "announce", "run_call", "end_turn", "deliver_note", "record", "settle",
+           "settle_contract", "judge_answer", "announce", "run_call", "end_turn", "deliver_note", "record", "settle",
            "finish", "nudge", "on_the_clock", "past_the_clock"]
 
 C = TypeVar("C", Limits, Policy)
@@ -82,13 +84,14 @@ async def past_the_clock(s: RunState) -> None:
         await loop.create_future()  # cancelled by the scope
 
 
-def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limits | Mapping[str, Any] | None,
+def start(task: Task, model: Any, tools: Iterable[Tool] | Registry, limits: Limits | Mapping[str, Any] | None,
           policy: Policy | Mapping[str, Any] | None, system: str | None, params: dict[str, Any] | None,
           log: RunLog | str | Path | None, guards: list[Guard] | None, executor: Executor | None,
           header: dict[str, Any] | None, gate: UntrustedGate | None, approve: ApprovalHook | None,
           compaction: Compaction | None,
           on_event: Callable[[LogEvent], None] | None = None,
-          prices: PricesArg = None) -> tuple[RunState, RunLog, Guards, Executor]:
+          prices: PricesArg = None, answer: AnswerArg = None,
+          answer_retries: int = 1) -> tuple[RunState, RunLog, Guards, Executor]:
     """The run's state, and its log with the header written (a cost budget's price is resolved
     first: PriceError before anything is written). `model`: anything with `describe()` (recorded
     in the header, and its name prices a cost budget)."""
@@ -96,15 +99,19 @@ def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limit
         raise TypeError("on_event must be a plain function, called with each event as it is written (an "
                         "async def one would never be awaited: hand its events to a queue, or use stream())")
     registry = tools if isinstance(tools, Registry) else Registry(tools)
-    task, system = loggable(task), system and loggable(system)  # as the header reads back (replay)
-    messages = ([{"role": "system", "content": system}] if system else []) + \
-        [{"role": "user", "content": task}]
+    if isinstance(task, str):
+        task = loggable(task)  # as the header reads back (replay)
+    system = system and loggable(system)
+    messages, text, conversation = opening(task, system)
     gate = gate or UntrustedGate(approve)
     state = new_state(registry, config_of(Limits, limits, "limits"), config_of(Policy, policy, "policy"),
                       params or {}, messages, compaction or Compaction())
     described = describe_model(model)
     set_price(state, model, described, prices)
+    state.answer = answer_contract(answer, answer_retries)
     priced = {"prices": state.prices.record(state.price)} if state.prices is not None else {}
+    if state.answer is not None:
+        priced["answer"] = state.answer.describe()
     runlog = log if isinstance(log, RunLog) else RunLog(log, t0=state.t0)
     state.t0 = runlog.t0  # one clock: what happened since a given log began (servers starting) is the run's
     runlog.on_event = with_run_hooks(runlog.on_event, on_event)  # the log's own (the console), the
@@ -112,7 +119,7 @@ def start(task: str, model: Any, tools: Iterable[Tool] | Registry, limits: Limit
     state.run_id = uuid.uuid4().hex  # sent with each request (Request.run_id)
     runlog.write(HeaderLine(
         format=FORMAT, version=VERSION, run_id=state.run_id, started_at=datetime.now(timezone.utc).isoformat(),
-        task=task, system=system, limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
+        task=text, system=system, **({"messages": messages} if conversation else {}), limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
         tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
                 **({"arguments": "signature"} if t.args_model is not None else {}), **t.schema()} for t in registry],
         model=described, gate=gate.describe(), compaction=state.compaction.to_json(),
@@ -202,11 +209,8 @@ def settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractRes
         cut = _cut_by_budget(s, reply) or Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail)
         return [], cut, []
     if not reply.tool_calls:
-        text = (reply.content or "").strip()
-        if text:
-            final[0] = reply.content
-            n = s.ledger.model_requests
-            return [], Stop(StopReason.FINAL_ANSWER, f"answer after {n} request{'' if n == 1 else 's'}"), []
+        if (reply.content or "").strip():
+            return [], judge_answer(s, log, reply.content or "", final), []
         return [], Stop(StopReason.EMPTY_ANSWER, "the model replied with no tool calls and no text"), []
     valid = [i for i in checked.items if isinstance(i, CheckedCall)]
     bad = checked.violations
@@ -227,6 +231,30 @@ def settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractRes
     why = "" if s.policy.on_bad_call == "fail" else \
         f" ({s.bad_streak} replies in a row with a violation, max_bad_calls={limit})"
     return [], Stop(first.reason, first.detail + why), given
+
+
+def judge_answer(s: RunState, log: RunLog, text: str, final: list[str | None]) -> Stop | None:
+    """A final answer under the answer contract (`s.answer`), its verdict an `answer` event: the
+    final_answer stop (accepted: `s.output` its typed value); None, rejected with a retry left (the
+    error went to the model as a user message: the ring goes on, under the same budgets); or the
+    answer_rejected stop. With no contract: the final_answer stop, nothing logged."""
+    contract, step = s.answer, s.ledger.model_requests
+    judged = contract.judge(text) if contract is not None else None
+    if judged is None or judged.error is None:
+        if judged is not None:
+            log.write(AnswerLine(step=step, decision="accepted"))
+        final[0], s.output = text, text if judged is None else judged.output
+        return Stop(StopReason.FINAL_ANSWER, f"answer after {step} request{'' if step == 1 else 's'}")
+    s.answer_rejections += 1
+    if s.answer_rejections <= contract.retries:
+        message = contract.feedback(judged.error)
+        log.write(AnswerLine(step=step, decision="rejected", error=judged.error, message=message))
+        s.append({"role": "user", "content": message})
+        return None
+    log.write(AnswerLine(step=step, decision="rejected", error=judged.error))
+    n, limit = s.answer_rejections, contract.retries
+    return Stop(StopReason.ANSWER_REJECTED, f"the answer failed the answer contract {n} time{'' if n == 1 else 's'} "
+                f"(answer_retries={limit}): {judged.error}", {"error": judged.error, "limit": limit, "value": n})
 
 
 def _cut_by_budget(s: RunState, reply: Reply) -> Stop | None:
@@ -365,4 +393,5 @@ def finish(s: RunState, log: RunLog, stop: Stop, final: list[str | None], last: 
                        ledger=ledger.to_json(), per_step=[list(p) for p in s.ledger.per_step],
                        **({"last_answer": last} if last is not None else {})))
     log.close()
-    return RunResult(stop, final[0], ledger, tuple(s.messages), log.path, final[1], last_answer=last)
+    return RunResult(stop, final[0], ledger, tuple(s.messages), log.path, final[1], last_answer=last,
+                     output=s.output if stop.reason is StopReason.FINAL_ANSWER else None)

@@ -41,6 +41,9 @@ class StopReason(StrEnum):
     # a fenced framework's own limit ended its run (pydantic-ai's request_limit, the Agents SDK's
     # max_turns, LangGraph's recursion_limit): data {"framework", "name", "limit"} name it and its value
     FRAMEWORK_LIMIT = "framework_limit"
+    # the final answer failed the answer contract (`answer=`) after its retries: data {"error", "limit"
+    # (answer_retries), "value" (answers rejected)}
+    ANSWER_REJECTED = "answer_rejected"
     GUARD = "guard"  # a custom guard's own rule: data["guard"] names the guard (Guard.stop)
     INTERNAL_ERROR = "internal_error"  # a bug inside loopfence (or a guard): the traceback is in the data
 
@@ -93,6 +96,9 @@ class RunResult:
     # Policy(last_answer=True): the answer the model gave, tools disabled, after the run stopped for a
     # budget or a repetition. Never a final answer: the verdict stays KILL and the reason stays.
     last_answer: str | None = None
+    # the accepted final answer as the answer contract typed it (`answer=`: the pydantic model's
+    # instance, a JSON schema's parsed JSON); with no contract, or a function's, the answer's text
+    output: Any = None
 
     @property
     def reason(self) -> StopReason:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._aio import in_thread, prefers_async
+from .._answer import Judged, as_json
 from .._contract import CheckedCall
 from .._gate import Taint, UntrustedGate, taint_why
 from .._guards import Guard, Guards, default_guards
@@ -36,7 +37,7 @@ from .._limits import Limits
 from .._log import LogError
 from .._log._large import KEYED, compared, short_key
 from .._log._reader import RunLogFile
-from .._log._schema import (CallLine, GateLine, HeaderLine, LastAnswerLine, LogEvent, ReplyLine,
+from .._log._schema import (AnswerLine, CallLine, GateLine, HeaderLine, LastAnswerLine, LogEvent, ReplyLine,
                             RequestLine, ResultLine, StopLine)
 from .._log._segments import bookkeeping_start, last_answer_index
 from .._log._writer import Abandoned, E, RunLog, written
@@ -51,7 +52,7 @@ from ..tools._registry import Registry, Tool, ToolKind
 from ._rebuild import RecordedFn, compaction_of, gate_of, messages_of, policy_of
 
 __all__ = ["Divergence", "PlaybackSignal", "Diverged", "RecordingEnded", "Recording", "PlaybackLog",
-           "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "Playback", "RecordedEnd", "comparable",
+           "PlaybackModel", "PlaybackExecutor", "PlaybackApproval", "RecordedAnswer", "Playback", "RecordedEnd", "comparable",
            "decisions", "outcome_unknown", "priced"]
 
 _VOLATILE = ("seq", "t", "duration_s")
@@ -144,6 +145,7 @@ _DECIDED: dict[str, tuple[str, ...]] = {
     "gate": ("step", "name", "decision"),
     "nudge": ("step", "reason", "tool_call_id", "delivered"),
     "last_answer": ("step", "decision", "reason"),
+    "answer": ("step", "decision"),
     "stop": ("reason",),
 }
 
@@ -472,6 +474,35 @@ class PlaybackExecutor(Executor):
         return await in_thread(live.execute, t, args, timeout_s)
 
 
+class RecordedAnswer:
+    """The answer contract as the recorded run applied it (the header's `answer`): each verdict, and
+    the feedback a rejection sent, taken from the recorded `answer` event, as a recorded approval
+    is. The contract itself (a model class, a function) is not in the log and is not needed."""
+
+    def __init__(self, log: PlaybackLog, described: dict[str, Any]) -> None:
+        self.log = log
+        self.retries = described.get("retries", 1)
+        self.typed = described.get("kind") in ("model", "schema")
+
+    def _recorded(self) -> AnswerLine:
+        nxt = None if self.log.detached else self.log.rec.peek()
+        if not isinstance(nxt, AnswerLine):
+            raise RecordingEnded(self.log.step(), "the answer is judged, and the recording has no verdict for it")
+        return nxt
+
+    def judge(self, text: str) -> Judged:
+        e = self._recorded()
+        if e.decision == "rejected":
+            return Judged(None, e.error or "rejected")
+        try:
+            return Judged(json.loads(as_json(text)) if self.typed else text, None)
+        except ValueError:
+            return Judged(text, None)
+
+    def feedback(self, error: str) -> str:
+        return self._recorded().message or ""
+
+
 class PlaybackApproval:
     """Answers the untrusted-content gate as the recorded run did; `live` answers after the switch."""
 
@@ -514,6 +545,8 @@ class Playback:
         priced(state, h, path)
         state.names_reservation_cuts = h.version >= 4
         plog = PlaybackLog(Recording(recorded.events), state, what_if=what_if, compare=compare)
+        if h.answer is not None:
+            state.answer = RecordedAnswer(plog, h.answer)
         gate = gate_of(h, path, PlaybackApproval(plog))
         plog.on_taint = lambda raw: _explain(gate, raw)
         if logged_taint:

@@ -108,7 +108,9 @@ def live_approval(h: HeaderLine) -> ApprovalHook:
 
 
 def messages_of(h: HeaderLine) -> list[dict[str, Any]]:
-    """The opening conversation, exactly as `run()` builds it."""
+    """The opening conversation, exactly as `run()` builds it (a continued conversation: as recorded)."""
+    if h.messages is not None:
+        return [dict(m) for m in h.messages]
     return ([{"role": "system", "content": h.system}] if h.system else []) + \
         [{"role": "user", "content": h.task}]
 

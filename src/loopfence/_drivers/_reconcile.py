@@ -27,7 +27,8 @@ from .._gate import HOLDS_TEXT
 from .._guards import NUDGED, Guard
 from .._log import LogError
 from .._log._reader import RunLogFile, read_log
-from .._log._schema import CallLine, GateLine, LastAnswerLine, NudgeLine, ReplyLine, RequestLine, ResultLine, StopLine
+from .._log._schema import (AnswerLine, CallLine, GateLine, LastAnswerLine, NudgeLine, ReplyLine, RequestLine,
+                            ResultLine, StopLine)
 from .._messages import Reply
 from .._stops import StopReason, Verdict
 from ._prefix import fold_prefix
@@ -376,6 +377,10 @@ def _overwritten(log: RunLogFile, turns: list[_Turn], finished: bool = True) -> 
                 return Check("no_overwritten_answer", False, f"the last answer at line {t.reply.line} (step "
                              f"{t.step}) is not the stop's last_answer")
             continue
+        if isinstance(nxt, AnswerLine):  # judged by the answer contract: rejected, it is not a final answer
+            if nxt.decision == "rejected":
+                continue
+            nxt = next((e for e in events[events.index(nxt) + 1:] if e.event != "resume"), None)
         if nxt is None and not finished:  # the log ends with the answer: killed before its stop line
             continue
         if not isinstance(nxt, StopLine):

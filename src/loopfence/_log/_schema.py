@@ -21,14 +21,15 @@ from ._errors import LogError
 
 __all__ = ["Decision", "GateDecision", "LogEvent", "HeaderLine", "RequestLine", "ReplyLine", "CallLine",
            "ResultLine", "GateLine", "ResumeLine", "RetryLine", "NudgeLine", "LastAnswerLine",
-           "GuardLine", "StopLine", "Usage", "ToolSpec",
+           "AnswerLine", "GuardLine", "StopLine", "Usage", "ToolSpec",
            "LOG_LINE",
            "FORMAT", "VERSION", "READS_VERSIONS", "EVENT_KINDS", "parse_line", "events_schema"]
 
 FORMAT = "loopfence.runlog"
-VERSION = 4  # 2: typed events, `retry` events; 3: `nudge`, `last_answer` and `guard` events; 4: large values
-# stored once (_log/_large.py), `prompt_estimate`, a cut at the run's own reservation is max_completion_tokens
-READS_VERSIONS = (1, 2, 3, 4)  # older logs read with the same models (they never hold the newer events)
+VERSION = 5  # 2: typed events, `retry` events; 3: `nudge`, `last_answer` and `guard` events; 4: large values
+# stored once (_log/_large.py), `prompt_estimate`, a cut at the run's own reservation is max_completion_tokens;
+# 5: the header's `messages` (a conversation continued), `answer` events and the header's `answer`
+READS_VERSIONS = (1, 2, 3, 4, 5)  # older logs read with the same models (they never hold the newer events)
 
 
 class Decision(StrEnum):
@@ -120,8 +121,11 @@ class HeaderLine(LogEvent):
     version: int
     run_id: str
     started_at: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")  # ISO 8601, as the writer gives it
-    task: str
+    task: str  # the task's text: a conversation's last (user) message
     system: str | None = None
+    # a conversation continued (version 5): the messages the run started from, system first (absent:
+    # a task, the run started from `system` and `task`)
+    messages: list[Obj] | None = None
     limits: Obj
     policy: Obj
     params: Obj = {}
@@ -134,6 +138,8 @@ class HeaderLine(LogEvent):
     # a run with a cost budget or a price table: {"table": the user's {model: [in, out]} per MTok,
     # "model": the start model's name, "rates": [in, out, source]} (absent: the run had no price)
     prices: Obj | None = None
+    # a run with an answer contract: {"kind": "model"|"schema"|"check", "name", "retries", "schema"?}
+    answer: Obj | None = None
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
@@ -305,6 +311,19 @@ class LastAnswerLine(LogEvent):
     prompt_estimate: int | None = None
 
 
+class AnswerLine(LogEvent):
+    """The answer contract's verdict on a final answer (`answer=`): `accepted` (the stop follows), or
+    `rejected` with its `error`; `message`: the feedback sent to the model as a user message (a retry
+    was left; absent: none was, and the run stops `answer_rejected`). Replay and reconcile take the
+    verdict as recorded."""
+
+    event: Literal["answer"] = "answer"
+    step: int
+    decision: Literal["accepted", "rejected"]
+    error: str | None = None
+    message: str | None = None
+
+
 class GuardLine(LogEvent):
     """What a guard said on its own (`Guard.note`): `guard` names it, `message` is its text, `data`
     its numbers. A note decides nothing: the run goes on, and reconcile's fold does not compare it."""
@@ -330,10 +349,10 @@ class StopLine(LogEvent):
 
 
 AnyLine = Annotated[HeaderLine | RequestLine | ReplyLine | CallLine | ResultLine | GateLine | ResumeLine
-                    | RetryLine | NudgeLine | LastAnswerLine | GuardLine | StopLine, Field(discriminator="event")]
+                    | RetryLine | NudgeLine | LastAnswerLine | AnswerLine | GuardLine | StopLine, Field(discriminator="event")]
 LOG_LINE: TypeAdapter[AnyLine] = TypeAdapter(AnyLine)
 EVENT_KINDS = ("header", "request", "reply", "call", "result", "gate", "resume", "retry", "nudge", "last_answer",
-               "guard", "stop")
+               "answer", "guard", "stop")
 
 
 def parse_line(record: dict[str, Any]) -> LogEvent:
