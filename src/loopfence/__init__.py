@@ -21,7 +21,7 @@ from ._limits import LedgerSnapshot, Limits, Policy
 from ._log import RunLog
 from ._messages import Reply, Request, ToolCall, Usage
 from ._stops import RunResult, Stop, StopReason, Verdict
-from ._stream import RunStream
+from ._stream import RunStream, TextDelta
 from .mcp import mcp_tools  # tools from MCP servers (loopfence[mcp]); the SDK loads when a group opens
 from .models import Model, ScriptedModel
 from .tools import Registry, Tool, ToolKind, ToolResult, refusal, tool, workspace_tools
@@ -33,7 +33,7 @@ from .tools import Registry, Tool, ToolKind, ToolResult, refusal, tool, workspac
 __all__ = [
     "Agent", "CheckedCall", "Compaction", "Guard", "LedgerSnapshot", "Limits", "LocalModel", "Model", "OpenAIModel",
     "Policy", "Registry", "Reply", "Request", "RunLog", "RunResult", "RunStream", "RunView", "ScriptedModel", "Stop",
-    "StopReason", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate", "Usage", "Verdict", "abatch",
+    "StopReason", "TextDelta", "Tool", "ToolCall", "ToolKind", "ToolResult", "UntrustedGate", "Usage", "Verdict", "abatch",
     "approve_all", "arun", "batch", "deny_all", "mcp_tools", "refusal", "run", "stream", "tool", "workspace_tools",
 ]
 __version__ = "0.1.0"

@@ -9,14 +9,16 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 from ._aio import run_sync
 from ._loop import RunSettings, arun_with
 from ._stops import RunResult
 from ._log._schema import LogEvent, StopLine
+from .models._base import ON_TEXT
 
-__all__ = ["RunStream"]
+__all__ = ["RunStream", "TextDelta"]
 
 T = TypeVar("T")
 Bridge = Callable[[Callable[[], Coroutine[Any, Any, T]]], T]  # runs a coroutine to its end from sync code
@@ -26,12 +28,31 @@ def _fresh_loop(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return run_sync(make())
 
 
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of step `step`'s reply text, yielded by `stream()` as the model writes it (a
+    streaming `OpenAIModel`, the embedded `LocalModel`), between that step's request and reply
+    events. Not a log line: the reply event records the whole reply, and the pieces of a reply
+    concatenate to its text. A tool call's arguments are not text; a reply cut short by a stop
+    (the run's deadline, a cancel) may leave pieces with no reply after them."""
+
+    step: int
+    text: str
+    event: ClassVar[str] = "text_delta"
+
+
+Event = LogEvent | TextDelta
+
+
 class RunStream:
     """`async for event in agent.stream(task)` (or `stream(task, ...)`): header, request, reply, call, result, … ending with
     the stop. Then `.result` is the run's RunResult (and `await s.finish()` returns it). Leaving
     early: `async with stream(...) as s` (or `await s.aclose()`) cancels the run and waits for its
     stop; a cancelled consumer (a timeout around the loop) cancels it too, and so does dropping the
     stream after a `break`. An `on_event=` callback is called with each event as well.
+
+    When the model streams, `TextDelta` pieces of its reply's text come between the log events, as
+they arrive (`isinstance(event, TextDelta)`, or `event.event == "text_delta"`).
 
     `for event in stream(task, ...)` does the same from sync code: the run goes on a thread of its
     own. Leaving the loop early (break, an exception) cancels the run, which ends `cancelled` with its
@@ -46,7 +67,7 @@ class RunStream:
             raise TypeError("on_event must be a plain function (the stream itself is the async way)")
         self._task, self._settings = task, settings
         self._bridge = bridge  # the sync iteration's loop: an Agent's own, or a fresh one
-        self._queue: asyncio.Queue[LogEvent] = asyncio.Queue()
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._also = also
         self._run: asyncio.Task[RunResult] | None = None
         self._done = False
@@ -54,8 +75,10 @@ class RunStream:
 
     def _start(self) -> asyncio.Task[RunResult]:
         if self._run is None:  # the run holds no reference to the stream, so that dropping it can end the run
-            on_event = _tee(self._queue.put_nowait, self._also)
-            self._run = asyncio.ensure_future(arun_with(self._task, {**self._settings, "on_event": on_event}))
+            put = self._queue.put_nowait
+            on_event = _tee(put, self._also)
+            self._run = asyncio.ensure_future(_with_text(_text_on_loop(put, asyncio.get_running_loop()),
+                                                         arun_with(self._task, {**self._settings, "on_event": on_event})))
             weakref.finalize(self, _cancel, self._run)  # the stream dropped mid-run (a break): the run ends
         return self._run
 
@@ -68,7 +91,7 @@ class RunStream:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def __anext__(self) -> LogEvent:
+    async def __anext__(self) -> Event:
         if self._done:
             raise StopAsyncIteration
         run = self._start()
@@ -110,7 +133,7 @@ class RunStream:
                     raise
 
 
-    def __iter__(self) -> Iterator[LogEvent]:
+    def __iter__(self) -> Iterator[Event]:
         if self._run is not None or self._done:
             raise RuntimeError("this stream is already being iterated (a stream is iterated once)")
         self._done = True
@@ -118,6 +141,32 @@ class RunStream:
 
 
 _END = object()
+
+
+async def _with_text(report: Callable[[int, str], None], run: Coroutine[Any, Any, RunResult]) -> RunResult:
+    """The run, its model's text reported to `report` (ON_TEXT is set in this task's own context)."""
+    ON_TEXT.set(report)
+    return await run
+
+
+def _text_on_loop(put: Callable[[Event], Any], loop: asyncio.AbstractEventLoop) -> Callable[[int, str], None]:
+    """Text pieces into the stream's queue: from the loop's thread at once, from an adapter's own
+    thread (a sync model's worker, a model's own loop) through the loop, in the order they come."""
+
+    def report(step: int, text: str) -> None:
+        delta = TextDelta(step, text)
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            put(delta)
+        else:
+            try:
+                loop.call_soon_threadsafe(put, delta)
+            except RuntimeError:  # the loop is closed: the run is over
+                pass
+    return report
 
 
 def _tee(put: Callable[[LogEvent], Any], also: Callable[[LogEvent], Any] | None) -> Callable[[LogEvent], None]:
@@ -139,7 +188,7 @@ def _cancel(run: asyncio.Task[Any]) -> None:
             pass
 
 
-def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
+def _events_on_a_thread(rs: RunStream) -> Iterator[Event]:
     """The sync iteration: the run through the stream's bridge (the agent's loop, or a fresh one) on a
     thread of its own, events through a queue."""
     q: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -148,7 +197,8 @@ def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
 
     async def go() -> RunResult:
         handle.append((asyncio.get_running_loop(), asyncio.current_task()))
-        return await arun_with(rs._task, {**rs._settings, "on_event": _tee(q.put, rs._also)})
+        text = lambda step, piece: q.put(TextDelta(step, piece))  # noqa: E731 - a thread-safe queue
+        return await _with_text(text, arun_with(rs._task, {**rs._settings, "on_event": _tee(q.put, rs._also)}))
 
     def main() -> None:
         try:
@@ -178,6 +228,8 @@ def _events_on_a_thread(rs: RunStream) -> Iterator[LogEvent]:
                 continue
             if item is _END:
                 break
+            if stopped:  # a piece of text after the stop (an abandoned request's): not this run's any more
+                continue
             stopped = isinstance(item, StopLine)
             yield item
     finally:

@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._messages import Reply, Request
 
-__all__ = ["Model", "RetryReport", "ON_RETRY", "report_retry"]
+__all__ = ["Model", "RetryReport", "ON_RETRY", "report_retry", "TextReport", "ON_TEXT", "text_sink"]
 
 RetryReport = Callable[[int, "int | None", float, str], None]  # (attempt, status, wait_s, reason)
 ON_RETRY: ContextVar[RetryReport | None] = ContextVar("loopfence_on_retry", default=None)
@@ -40,6 +40,27 @@ def report_retry(attempt: int, status: int | None, wait_s: float, reason: str) -
     report = ON_RETRY.get()
     if report is not None:
         report(attempt, status, wait_s, reason)
+
+
+TextReport = Callable[[int, str], None]  # (step, a piece of the reply's text)
+ON_TEXT: ContextVar[TextReport | None] = ContextVar("loopfence_on_text", default=None)
+"""Set by `stream()` around its run: an adapter that receives its reply's text in pieces (a stream)
+passes each piece on through `text_sink`, and the stream yields it as a `TextDelta`. Only answer
+text, never a tool call's; the pieces of one reply concatenate to its `content`."""
+
+
+def text_sink(request: Request) -> Callable[[str], None] | None:
+    """Where this request's answer text goes as it arrives, or None when nobody listens (the
+    adapter then need not look at its pieces at all)."""
+    report = ON_TEXT.get()
+    if report is None:
+        return None
+    step = request.step
+
+    def sink(text: str) -> None:
+        if text:
+            report(step, text)
+    return sink
 
 
 @runtime_checkable

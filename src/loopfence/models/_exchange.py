@@ -27,8 +27,8 @@ from .._stops import StopError, StopReason
 from ._errors import error_stop
 from ._pool import Pool
 from ._retry import parse_retry_after, retryable_status
-from ._sse import DONE, SSEEvent, aiter_events
-from ._stream import StreamEnd, assemble_events, reply_from_response
+from ._sse import aiter_events
+from ._stream import StreamEnd, assemble, chunk_of, chunk_texts, reply_from_response
 
 __all__ = ["Retry", "Wire", "attempt"]
 
@@ -53,6 +53,7 @@ class Wire:
     read_s: float | None  # the configured read timeout, for the message
     redact: Callable[[str], str]
     max_bytes: int | None = None  # a response body's size at most (None: unbounded)
+    text: Callable[[str], None] | None = None  # a stream's answer text, piece by piece, as it arrives
 
 
 async def attempt(pool: Pool, wire: Wire, body: dict[str, Any], tools: tuple[str, ...]) -> Reply:
@@ -105,28 +106,28 @@ async def _read(resp: httpx.Response, wire: Wire, tools: tuple[str, ...]) -> Rep
 
 
 async def _read_stream(resp: httpx.Response, wire: Wire, tools: tuple[str, ...]) -> Reply:
-    """Events are read as they arrive until [DONE] or the end; a transport failure after the
-    first byte ends the events and is the reply's problem (never a retry: part was used)."""
-    events: list[SSEEvent] = []
-    failure: tuple[str, str] | None = None  # the problem's words before and after the chunk count
+    """Chunks are read and parsed as they arrive until [DONE] or the end, their answer text passed
+    on to `wire.text` at once; a transport failure after the first byte ends the chunks and is the
+    reply's problem (never a retry: part was used)."""
+    end = StreamEnd(tools=tools)
+    chunks: list[dict[str, Any]] = []
     try:
-        async with aclosing(aiter_events(_counted(resp, wire))) as stream:
-            async for ev in stream:
-                events.append(ev)
-                if ev.data == DONE:
-                    break
-    except httpx.ReadTimeout:
-        failure = (f"no data for {wire.read_s}s (read timeout) after ", " chunks")
-    except httpx.HTTPError as exc:
-        failure = ("the stream broke after ", f" chunks: {type(exc).__name__}: {wire.redact(str(exc))}")
-
-    def cut(n: int) -> str:
-        assert failure is not None
-        return f"{failure[0]}{n}{failure[1]}"
-
-    try:
-        return assemble_events(events, StreamEnd(tools=tools),
-                               cut=None if failure is None else cut)
+        try:
+            async with aclosing(aiter_events(_counted(resp, wire))) as events:
+                async for ev in events:
+                    chunk = chunk_of(ev, end)
+                    if end.done or end.problem:
+                        break
+                    if chunk is not None:
+                        chunks.append(chunk)
+                        if wire.text is not None:
+                            for text in chunk_texts(chunk):
+                                wire.text(text)
+        except httpx.ReadTimeout:
+            end.problem = f"no data for {wire.read_s}s (read timeout) after {end.chunks} chunks"
+        except httpx.HTTPError as exc:
+            end.problem = f"the stream broke after {end.chunks} chunks: {type(exc).__name__}: {wire.redact(str(exc))}"
+        return assemble(chunks, done=end.done, problem=end.problem)
     except StopError as exc:
         exc.stop.data.setdefault("status", resp.status_code)
         exc.stop.data["in_stream"] = True

@@ -21,7 +21,9 @@ from .._messages import Reply, ReplyFormatError, Request
 from .._stops import StopError, StopReason
 from .._contract import requested_max_tokens
 from ._chatml import IM_END, Decoded, Prompt, Tokenize, decode, render, to_response, tools_for_choice
+from ._base import text_sink
 from ._gbnf import reply_grammar
+from ._livetext import LiveText
 
 __all__ = ["LocalModel", "LocalModelUnavailable", "default_model_path", "MODEL_FILE", "INSTALL_HINT", "CHAT_FORMAT"]
 
@@ -133,7 +135,7 @@ class LocalModel:
             return self._generate(request)
 
     def _generate(self, request: Request) -> Reply:
-        from llama_cpp import LlamaGrammar
+        from llama_cpp import LlamaGrammar, StoppingCriteriaList
 
         params = request.params
         tools, answer = tools_for_choice(request.tools, params.get("tool_choice", "auto"))
@@ -144,9 +146,14 @@ class LocalModel:
                             n_prompt_tokens=len(tokens), n_ctx=self.n_ctx)
         grammar = LlamaGrammar.from_string(reply_grammar(tools, answer=answer).to_gbnf(), verbose=False) \
             if tools else None
+        sink = text_sink(request)  # stream(): the answer's text as it is generated
+        llm = self.load()
+        live = None if sink is None else \
+            LiveText(sink, lambda ids, before: llm.detokenize(ids, prev_tokens=before), tokens, grammar is not None)
         try:
-            out = self.load().create_completion(
+            out = llm.create_completion(
                 prompt=tokens, grammar=grammar, stop=[IM_END],
+                stopping_criteria=None if live is None else StoppingCriteriaList([live]),
                 max_tokens=_bound(requested_max_tokens(params) or self.max_tokens, request.max_tokens),
                 temperature=float(params.get("temperature", self.temperature)),
                 seed=int(params.get("seed", self.seed)))
@@ -167,9 +174,12 @@ class LocalModel:
                                finish_reason=choice.get("finish_reason"), usage=usage,
                                created=int(out.get("created") or time.time()))
         try:
-            return Reply.from_response(response)
+            reply = Reply.from_response(response)
         except ReplyFormatError as exc:
             raise StopError(StopReason.ENDPOINT_ERROR, f"local model reply: {exc}") from None
+        if live is not None:
+            live.finish(reply.content)
+        return reply
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "local", "model": self.model_path.name, "chat_format": self.chat_format,

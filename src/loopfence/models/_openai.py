@@ -49,7 +49,7 @@ import httpx
 
 from .._messages import Reply, Request
 from .._stops import StopError, StopReason
-from ._base import report_retry
+from ._base import report_retry, text_sink
 from ._exchange import Retry, Wire, attempt
 from ._pool import Borrowed, LoopClients
 from ._retry import Timeouts, backoff_delay
@@ -169,11 +169,12 @@ class OpenAIModel:
         body = self.body(request)
         tools = tuple(t.get("function", {}).get("name", "") for t in request.tools if isinstance(t, dict))
         deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
+        text = text_sink(request) if self.stream else None  # stream(): the answer's text as it arrives
         retry = 0
         while True:
             self._check_time(deadline)
             try:
-                return await self._bounded(lambda: attempt(self._clients.get(), self._wire(request.run_id),
+                return await self._bounded(lambda: attempt(self._clients.get(), self._wire(request.run_id, text),
                                                            body, tools), deadline)
             except Retry as r:
                 retry += 1
@@ -210,7 +211,7 @@ class OpenAIModel:
         self._check_time(deadline, force=True)
         raise AssertionError("unreachable: _check_time(force=True) raises")
 
-    def _wire(self, run_id: str | None = None) -> Wire:
+    def _wire(self, run_id: str | None = None, text: Callable[[str], None] | None = None) -> Wire:
         headers = {"Accept": "text/event-stream" if self.stream else "application/json",
                    "Content-Type": "application/json"}  # the body: _json.wire_body
         if run_id:  # which run asks: a server may key its state by it (FakeServer: one reply sequence per run)
@@ -218,7 +219,7 @@ class OpenAIModel:
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
         return Wire(self.url, _safe_url(self.url), headers, self.timeout.bounded(None), self.timeout.read,
-                    self._redact, self.max_response_bytes)
+                    self._redact, self.max_response_bytes, text)
 
     def body(self, request: Request) -> dict[str, Any]:
         """The JSON body sent for `request` (params may not override model, messages, tools, stream).

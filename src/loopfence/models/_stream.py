@@ -33,7 +33,7 @@ from ._errors import error_stop
 from ._sse import DONE, SSEEvent, parse_events
 
 __all__ = ["assemble", "assemble_sse", "assemble_events", "reply_from_response", "chunks_from_events",
-           "StreamEnd"]
+           "chunk_of", "chunk_texts", "StreamEnd"]
 
 
 @dataclass(slots=True)
@@ -55,33 +55,68 @@ class _Call:
     obj: Any = None
 
 
+def chunk_of(ev: SSEEvent, end: StreamEnd) -> dict[str, Any] | None:
+    """One SSE event's parsed chunk, or None: a blank event, [DONE] (`end.done` set) or a chunk that
+    is not a JSON object (`end.problem` set; the stream is over at either). An error raises StopError."""
+    data = ev.data
+    if data == DONE:
+        end.done = True
+        return None
+    if ev.event == "error":
+        try:
+            body: Any = loads(data)
+        except ValueError:
+            body = data
+        raise error_stop(None, body, tools=end.tools)
+    if not data.strip():
+        return None
+    try:
+        chunk = loads(data)
+    except ValueError as exc:
+        end.problem = f"chunk {end.chunks + 1} is not valid JSON ({exc.msg}): {data[:80]!r}"
+        return None
+    if type(chunk) is not dict:
+        end.problem = f"chunk {end.chunks + 1} is not a JSON object: {data[:80]!r}"
+        return None
+    if chunk.get("error"):
+        raise error_stop(None, chunk, tools=end.tools)
+    end.chunks += 1
+    return chunk
+
+
 def chunks_from_events(events: Iterable[SSEEvent], end: StreamEnd) -> Iterator[dict[str, Any]]:
     """Parsed chunk dicts from SSE events; stops at [DONE]. Error events raise StopError."""
     for ev in events:
-        data = ev.data
-        if data == DONE:
-            end.done = True
+        chunk = chunk_of(ev, end)
+        if end.done or end.problem:
             return
-        if ev.event == "error":
-            try:
-                body: Any = loads(data)
-            except ValueError:
-                body = data
-            raise error_stop(None, body, tools=end.tools)
-        if not data.strip():
-            continue
-        try:
-            chunk = loads(data)
-        except ValueError as exc:
-            end.problem = f"chunk {end.chunks + 1} is not valid JSON ({exc.msg}): {data[:80]!r}"
-            return
-        if type(chunk) is not dict:
-            end.problem = f"chunk {end.chunks + 1} is not a JSON object: {data[:80]!r}"
-            return
-        if chunk.get("error"):
-            raise error_stop(None, chunk, tools=end.tools)
-        end.chunks += 1
-        yield chunk
+        if chunk is not None:
+            yield chunk
+
+
+def chunk_texts(chunk: dict[str, Any]) -> list[str]:
+    """The answer text one chunk adds (what `assemble` joins into the reply's content), read
+    leniently: a part of the wrong shape adds nothing here (assembling names it as a stop)."""
+    choices = chunk.get("choices")
+    if type(choices) is not list:
+        return []
+    out = []
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            delta = _delta(choice)
+            if isinstance(delta, dict) and (text := _text_of(delta)):
+                out.append(text)
+    return out
+
+
+def _delta(choice: dict[str, Any]) -> Any:
+    delta = choice.get("delta")
+    return choice.get("message") or {} if delta is None else delta
+
+
+def _text_of(delta: dict[str, Any]) -> str:
+    text = delta.get("content")
+    return text if text and type(text) is str else ""
 
 
 def assemble(chunks: Iterable[dict[str, Any]], *, done: bool = False, problem: str = "") -> Reply:
@@ -127,12 +162,8 @@ def _gather(chunks: Iterable[dict[str, Any]]) -> _Parts:
             if choice.get("index", 0) != 0:
                 continue
             saw_choice = True
-            delta = choice.get("delta")
-            if delta is None:
-                delta = choice.get("message") or {}
-            _shape(delta, dict, "delta")
-            text = delta.get("content")
-            if text and type(text) is str:
+            delta = _shape(_delta(choice), dict, "delta")
+            if text := _text_of(delta):
                 content.append(text)
             tcs = delta.get("tool_calls")
             if tcs:

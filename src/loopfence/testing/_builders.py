@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["tool_call", "calls_reply", "text_reply"]
+__all__ = ["tool_call", "calls_reply", "text_reply", "text_chunks"]
 
 
 def tool_call(name: str, arguments: Any = None, *, id: str | None = None, **kwargs: Any) -> dict[str, Any]:
@@ -29,6 +29,19 @@ def text_reply(text: str | None, *, usage: tuple[int, int] | None = None,
                finish_reason: str = "stop") -> dict[str, Any]:
     """A chat.completions response with the text `text` (None: no content) and no tool calls."""
     return _response({"role": "assistant", "content": text}, finish_reason, usage)
+
+
+def text_chunks(*pieces: str, usage: tuple[int, int] | None = None, finish_reason: str = "stop") -> dict[str, Any]:
+    """A FakeServer reply form that streams the text `pieces`, one chunk each, in that chunking
+    (then the finish_reason, then [DONE]): the answer is `"".join(pieces)`. Wrap it as
+    `{"fault": "slow_stream", "delay_s": 0.05, **text_chunks(...)}` to space the chunks out."""
+    base = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "model": "scripted"}
+    deltas = [{"role": "assistant", "content": ""}, *({"content": p} for p in pieces)]
+    chunks: list[Any] = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]})
+    if usage is not None:
+        chunks.append({**base, "choices": [], "usage": _response({}, "", usage)["usage"]})
+    return {"chunks": chunks, "done": True}
 
 
 def _response(message: dict[str, Any], finish_reason: str, usage: tuple[int, int] | None) -> dict[str, Any]:
