@@ -197,7 +197,8 @@ def _events_on_a_thread(rs: RunStream) -> Iterator[Event]:
 
     async def go() -> RunResult:
         handle.append((asyncio.get_running_loop(), asyncio.current_task()))
-        text = lambda step, piece: q.put(TextDelta(step, piece))  # noqa: E731 - a thread-safe queue
+        def text(step: int, piece: str) -> None:  # a thread-safe queue: from any thread, in order
+            q.put(TextDelta(step, piece))
         return await _with_text(text, arun_with(rs._task, {**rs._settings, "on_event": _tee(q.put, rs._also)}))
 
     def main() -> None:

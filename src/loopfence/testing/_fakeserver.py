@@ -9,7 +9,8 @@
 its own sequence: `OpenAIModel` sends the run's id (`X-Loopfence-Run-Id`, the log header's
 `run_id`), and the server keeps one position in the replies per id, so two runs, or 20 concurrent
 ones, each get the script from its first reply (`srv.runs`: the bodies each run sent). Clients that
-send no id share one sequence. A reply counts as served only once it has been written whole to a
+send no id share one sequence, and so do all runs with `FakeServer(..., across_runs=True)` (the turns
+of a conversation, each run taking the script's next replies). A reply counts as served only once it has been written whole to a
 client still there: when the client went away before its last byte (a write failed, or the client
 closed its end; as with most HTTP servers, a half-closed connection counts as gone), or reset the
 connection with the reply unread (a process killed before it read the reply), the run's next request
@@ -82,7 +83,8 @@ RUN_HEADER = "x-loopfence-run-id"  # (lower case) the run a request belongs to; 
 class FakeServer:
     """Scripted replies over real HTTP on 127.0.0.1. A context manager; `start()`/`close()` also work."""
 
-    def __init__(self, replies: Sequence[dict[str, Any]], *, port: int = 0, host: str = "127.0.0.1") -> None:
+    def __init__(self, replies: Sequence[dict[str, Any]], *, port: int = 0, host: str = "127.0.0.1",
+                 across_runs: bool = False) -> None:
         if not replies:
             raise FormError("FakeServer needs at least one reply form")
         for i, form in enumerate(replies, 1):
@@ -91,6 +93,7 @@ class FakeServer:
             except FormError as exc:
                 raise FormError(f"reply {i}: {exc}") from None
         self.replies = list(replies)
+        self.across_runs = across_runs  # True: one sequence for all runs (a conversation's turns, in turn)
         self.requests: list[dict[str, Any]] = []  # JSON bodies received by chat/completions
         self.headers: list[dict[str, str]] = []  # their request headers (lower-case names)
         self.runs: dict[str | None, list[dict[str, Any]]] = {}  # the bodies per run id (None: sent none)
@@ -146,9 +149,10 @@ class FakeServer:
     def _next(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """The reply form for a request: the first position of its run's own sequence not delivered
         yet (handed out to this handler thread, `_handed.out`; `_give_back` returns it)."""
-        run = headers.get(RUN_HEADER) or None
+        sent = headers.get(RUN_HEADER) or None
+        run = None if self.across_runs else sent
         with self._lock:
-            self.runs.setdefault(run, []).append(body)
+            self.runs.setdefault(sent, []).append(body)
             self.requests.append(body)
             self.headers.append(headers)
             again = self._again.get(run)
