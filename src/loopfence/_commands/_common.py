@@ -15,8 +15,8 @@ from rich.table import Table
 
 from .._json import loads
 from .._limits import Limits, parse_limit
-from .._log._schema import (GateLine, LastAnswerLine, LogEvent, NudgeLine, ReplyLine, RequestLine, ResultLine,
-                           RetryLine, StopLine)
+from .._log._schema import (AnswerLine, GateLine, LastAnswerLine, LogEvent, NudgeLine, ReplyLine, RequestLine,
+                           ResultLine, RetryLine, StopLine)
 from .._printable import markup, printable, rich_text
 from .._stops import RunResult
 
@@ -137,6 +137,9 @@ def live_printer(console: Console = stderr) -> Callable[[LogEvent], None]:
             console.print(f"  [yellow]gate[/] {_short(e.name)}: {_short(e.decision)} {_short(e.reason, DETAIL_CHARS)}")
         elif isinstance(e, NudgeLine):
             console.print(f"  [yellow]nudge[/] instead of {_short(e.reason)}: {_short(e.message, DETAIL_CHARS)}")
+        elif isinstance(e, AnswerLine):
+            why = f": {_short(e.error, DETAIL_CHARS)}" if e.error else ""
+            console.print(f"  [yellow]answer[/] {e.decision}{why}")
         elif isinstance(e, LastAnswerLine):
             console.print(f"  [yellow]last answer[/] {e.decision}: {_short(e.detail, DETAIL_CHARS)}")
         elif isinstance(e, StopLine):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._aio import in_thread, prefers_async
-from .._answer import Judged, as_json
+from .._answer import AnswerContract, Judged, as_json
 from .._contract import CheckedCall
 from .._gate import Taint, UntrustedGate, taint_why
 from .._guards import Guard, Guards, default_guards
@@ -479,10 +479,11 @@ class RecordedAnswer:
     the feedback a rejection sent, taken from the recorded `answer` event, as a recorded approval
     is. The contract itself (a model class, a function) is not in the log and is not needed."""
 
-    def __init__(self, log: PlaybackLog, described: dict[str, Any]) -> None:
+    def __init__(self, log: PlaybackLog, described: dict[str, Any], live: AnswerContract | None = None) -> None:
         self.log = log
         self.retries = described.get("retries", 1)
         self.typed = described.get("kind") in ("model", "schema")
+        self.live = live  # resume: the contract that judges once the run goes live
 
     def _recorded(self) -> AnswerLine:
         nxt = None if self.log.detached else self.log.rec.peek()
@@ -491,6 +492,8 @@ class RecordedAnswer:
         return nxt
 
     def judge(self, text: str) -> Judged:
+        if self.log.live is not None and self.live is not None:
+            return self.live.judge(text)
         e = self._recorded()
         if e.decision == "rejected":
             return Judged(None, e.error or "rejected")
@@ -500,6 +503,8 @@ class RecordedAnswer:
             return Judged(text, None)
 
     def feedback(self, error: str) -> str:
+        if self.log.live is not None and self.live is not None:
+            return self.live.feedback(error)
         return self._recorded().message or ""
 
 

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._answer import AnswerArg, AnswerContract, answer_contract
 from .._guards import Guard, default_guards
 from .._limits import Limits
 from .._log import LogError
 from .._log._reader import RunLogFile, read_log
-from .._log._schema import LogEvent, ReplyLine, ResumeLine, StopLine
+from .._log._schema import HeaderLine, LogEvent, ReplyLine, ResumeLine, StopLine
 from .._log._segments import REOPENABLE, bookkeeping_start
 from .._log._writer import RunLog
 from .._loop import drive, new_state
@@ -35,7 +36,7 @@ from .._stops import RunResult
 from ..models._base import Model
 from ..tools._executor import Executor
 from ..tools._registry import Tool, ToolKind
-from ._playback import (Diverged, PlaybackApproval, PlaybackExecutor, PlaybackLog, PlaybackModel,
+from ._playback import (Diverged, PlaybackApproval, PlaybackExecutor, PlaybackLog, PlaybackModel, RecordedAnswer,
                         PlaybackSignal, Recording, priced)
 from ._rebuild import (check_tools, compaction_of, gate_of, limits_of, live_approval, messages_of,
                        model_of, policy_of, workspace_tools_of)
@@ -80,7 +81,8 @@ class ResumeOutcome:
 def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool] | None = None,
            extra_tools: Iterable[Tool] = (), workspace: str | Path | None = None, guards: list[Guard] | None = None,
            executor: Executor | None = None, on_event: Callable[[LogEvent], None] | None = None,
-           limits: Mapping[str, Any] | None = None, reopen: bool = True) -> ResumeOutcome:
+           limits: Mapping[str, Any] | None = None, reopen: bool = True,
+           answer: AnswerArg = None) -> ResumeOutcome:
     """Continue the run logged at `path`. `tools` default to the built-in workspace tools over
     `workspace` (default: the recorded one, with the recorded sandbox and untrusted globs), and
     `extra_tools` (custom or MCP tools) go next to them; `model` defaults to one rebuilt from the
@@ -89,6 +91,9 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
     reopen: a run that ended `endpoint_error` or `cancelled` goes on past that stop (a new segment
       in the same log, after a `resume` event that names the stop's line; _log/_segments); any
       other stop means the run is over (`ended`).
+    answer: the answer contract, where the run had one (its header's `answer`): the recorded part
+      plays back with the recorded verdicts; once live, `answer` judges (default: a JSON schema
+      contract from the recorded schema; a function's contract must be given again).
     limits: limit overrides by name (`{"max_steps": 20}`, values as `Limits` takes them), recorded in
       the resume event's `overrides` so replay, reconcile and the next resume apply them too; a
       given `model` is recorded there as well. The recorded part must still play back under them."""
@@ -140,6 +145,8 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
         return live
 
     plog = PlaybackLog(rec, state, go_live=go_live)
+    if h.answer is not None:
+        state.answer = RecordedAnswer(plog, h.answer, _live_answer(h, p, answer))
     gate = gate_of(h, p, PlaybackApproval(plog, live_approval(h)))
     runner = PlaybackExecutor(plog, executor or Executor())
     try:
@@ -175,3 +182,15 @@ def recorded_workspace_tools(log: RunLogFile, root: str | Path | None) -> list[T
     if where and not Path(where).is_dir():
         raise ResumeError(log.path, log.header.line, f"the workspace {where} is not a folder here")
     return workspace_tools_of(log.header, log.path, where)
+
+
+def _live_answer(h: HeaderLine, path: str, answer: AnswerArg) -> AnswerContract:
+    """The contract a resumed run's live part is judged by: `answer`, else the recorded schema."""
+    retries = h.answer.get("retries", 1) if h.answer is not None else 1
+    spec = answer if answer is not None else (h.answer or {}).get("schema")
+    if spec is None:
+        raise ResumeError(path, h.line, f"the run had an answer contract ({(h.answer or {}).get('name')}, a "
+                          "function) that the log cannot rebuild: pass it again, resume(..., answer=...)")
+    contract = answer_contract(spec, retries)
+    assert contract is not None
+    return contract
