@@ -13,7 +13,16 @@ import pytest
 from _local_support import SAMPLE_SYSTEM, SAMPLE_WORKSPACE, needs_local_model
 from pydantic import BaseModel
 
-from loopfence import Agent, Limits, ScriptedModel, StopReason, Verdict, run, tool, workspace_tools
+from loopfence import (
+    Agent,
+    Limits,
+    ScriptedModel,
+    StopReason,
+    Verdict,
+    run,
+    tool,
+    workspace_tools,
+)
 from loopfence.cli import cli
 from loopfence.runlog import read_log, reconcile, replay
 from loopfence.testing import calls_reply, text_reply, tool_call

@@ -133,7 +133,8 @@ class Agent:
         params and system go over them). `options`: abatch's own (concurrency, resume, retry_stops,
         ...). Each episode's log is in `out`, whatever the agent's `log`."""
         extra = {"system": self.system, "on_event": self.on_event, "guards": self.guards, "gate": self.gate,
-                 "approve": self.approve, "compaction": self.compaction, "executor": self.executor}
+                 "approve": self.approve, "compaction": self.compaction, "executor": self.executor,
+                 "answer": self.answer, "answer_retries": self.answer_retries}
         return await abatch(episodes, model=self.model, out=out, tools=list(self.tools),  # type: ignore[arg-type]
                             limits=self.limits, policy=self.policy, params=dict(self.params or {}),  # type: ignore[arg-type]
                             prices=self.prices, header=dict(self.header or {}),

@@ -25,7 +25,7 @@ from .tools._jsonschema import validate_schema
 __all__ = ["AnswerArg", "AnswerContract", "Judged", "answer_contract", "as_json"]
 
 AnswerArg = type[BaseModel] | Mapping[str, Any] | Callable[[str], str | None] | None
-_FENCE = re.compile(r"^```[\w-]*\s*\n(.*)\n\s*```$", re.S)
+_FENCE = re.compile(r"^```[\w-]*\s*\n(.*)\n\s*```$", re.DOTALL)
 MAX_ERRORS = 5  # of a pydantic model's errors, named in one message
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ._json import dumps
 
-__all__ = ["Task", "opening", "check_task"]
+__all__ = ["Task", "check_task", "opening"]
 
 Task = str | Sequence[Mapping[str, Any]]  # what run(), arun() and stream() take
 ROLES = ("system", "user", "assistant", "tool")

@@ -4,7 +4,6 @@ Ctrl-C, appending to its log."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +102,6 @@ def _model(h: HeaderLine, base_url: str | None, name: str | None, served: int) -
         raise UsageError(f"--model: the run's model was {h.model.get('kind')!r}, not an endpoint; "
                          "give --base-url too")
     try:
-        return model_of(dataclasses.replace(h, model=settings), served)
+        return model_of(h.model_copy(update={"model": settings}), served)
     except ModelRebuildError as exc:
         raise UsageError(f"--base-url: {exc}") from None
