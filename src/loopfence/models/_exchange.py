@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,11 @@ from ._retry import parse_retry_after, retryable_status
 from ._sse import DONE, SSEEvent, aiter_events
 from ._stream import StreamEnd, assemble_events, reply_from_response
 
-__all__ = ["Retry", "Wire", "attempt"]
+__all__ = ["Retry", "Wire", "attempt", "ON_STREAM_EVENT"]
+
+ON_STREAM_EVENT: ContextVar[Callable[[SSEEvent], None] | None] = ContextVar("loopfence_on_stream_event", default=None)
+"""Set around a request by a caller that relays a stream as it arrives (`loopfence proxy`): called with
+each SSE event of a streaming 200 as it is read, before the reply is assembled."""
 
 
 class Retry(Exception):
@@ -108,11 +113,14 @@ async def _read_stream(resp: httpx.Response, wire: Wire, tools: tuple[str, ...])
     """Events are read as they arrive until [DONE] or the end; a transport failure after the
     first byte ends the events and is the reply's problem (never a retry: part was used)."""
     events: list[SSEEvent] = []
+    relay = ON_STREAM_EVENT.get()
     failure: tuple[str, str] | None = None  # the problem's words before and after the chunk count
     try:
         async with aclosing(aiter_events(_counted(resp, wire))) as stream:
             async for ev in stream:
                 events.append(ev)
+                if relay is not None:
+                    relay(ev)
                 if ev.data == DONE:
                     break
     except httpx.ReadTimeout:
