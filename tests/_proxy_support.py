@@ -33,20 +33,37 @@ if str(ROOT) not in sys.path:
 from bench.common import Script, calls_of, final_text  # noqa: E402
 from bench.scripts import HONEST, RUNAWAY  # noqa: E402
 
-__all__ = ["ROOT", "TS", "SCRIPTS", "KINDS", "ScriptServer", "Proxy", "task", "kinds_file", "seed_workspace",
+__all__ = ["ROOT", "TS", "SCRIPTS", "KINDS", "REASONS", "stops_at_the_minimum", "ScriptServer", "Proxy", "task", "kinds_file", "seed_workspace",
            "node_modules", "run_loop", "node_script", "logs_in", "reconciles", "replays", "first_json"]
 
 TS = ROOT / "tests" / "ts"
 SCRIPTS: dict[str, Script] = {s.name: s for s in RUNAWAY + HONEST}
 KINDS: dict[str, str] = {name: kind for s in RUNAWAY + HONEST for name, kind in s.kinds.items()}
+# The rules' minimum without a cache (a fence on the wire cannot serve a recorded result): the runaways
+# stop after 2, 2, at most 6, 0, 0 and at most 6 (ping-pong) executions; the reasons they may name.
+_EXECUTIONS = {"retry_storm": 2, "duplicate_args": 2, "unknown_tool": 0, "truncated_json": 0}
+_AT_MOST = {"ok_forever": 6, "ping_pong": 6}
+REASONS = {"retry_storm": {"no_progress", "repeated_call"}, "duplicate_args": {"no_progress", "repeated_call"},
+           "ok_forever": {"repeated_result"}, "unknown_tool": {"unknown_tool"}, "truncated_json": {"invalid_json"},
+           "ping_pong": {"repeated_result", "repeated_call", "cycle"}}
 START_S = 120.0  # how long a process may take to start here: bounds a failure on a busy machine, not a speed
 _LISTENING = re.compile(r"^loopfence proxy: listening on (http://\S+/v1) \(upstream: .*\)$")
 _TASK = re.compile(r"Run the bench script (\w+)\.")
 
 
-def task(name: str) -> str:
-    """The user message that makes ScriptServer serve the script `name`."""
-    return f"Run the bench script {name}."
+def stops_at_the_minimum(name: str, executions: int, reason: str | None) -> None:
+    """A runaway script's run executed the rules' minimum without a cache and named one of its reasons."""
+    if name in _EXECUTIONS:
+        assert executions == _EXECUTIONS[name], (name, executions)
+    else:
+        assert 0 < executions <= _AT_MOST[name], (name, executions)
+    assert reason in REASONS[name], (name, reason)
+
+
+def task(name: str, tag: str = "") -> str:
+    """The user message that makes ScriptServer serve the script `name`; `tag` tells apart two runs of
+    one script (the proxy takes a conversation it has seen before for the same run)."""
+    return f"Run the bench script {name}.{tag and ' ' + tag}"
 
 
 def kinds_file(folder: Path, kinds: dict[str, str] = KINDS) -> Path:
@@ -92,6 +109,7 @@ class Proxy:
     def __init__(self, *args: str, stderr: Path) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
         self.stderr_path = stderr
+        self.logs = Path(args[args.index("--logs") + 1]) if "--logs" in args else None  # its --logs folder
         self._err = stderr.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "loopfence", "proxy", "--port", "0", *args],
                                      stdout=subprocess.PIPE, stderr=self._err, stdin=subprocess.DEVNULL, env=env)

@@ -20,15 +20,10 @@ import pytest
 
 from loopfence.runlog import read_log
 
-from _proxy_support import (Proxy, ScriptServer, kinds_file, logs_in, node_modules, reconciles,
-                            replays, run_loop, seed_workspace, task)
+from _proxy_support import (Proxy, ScriptServer, kinds_file, logs_in, node_modules, reconciles, replays, run_loop,
+                            seed_workspace, stops_at_the_minimum, task)
 from bench.scripts import HONEST, RUNAWAY  # _proxy_support put the root on sys.path
 
-EXECUTIONS = {"retry_storm": 2, "duplicate_args": 2, "unknown_tool": 0, "truncated_json": 0}
-AT_MOST = {"ok_forever": 6, "ping_pong": 6}
-REASONS = {"retry_storm": {"no_progress", "repeated_call"}, "duplicate_args": {"no_progress", "repeated_call"},
-           "ok_forever": {"repeated_result"}, "unknown_tool": {"unknown_tool"}, "truncated_json": {"invalid_json"},
-           "ping_pong": {"repeated_result", "repeated_call", "cycle"}}
 ANSWERS_EXECUTE = {"polling_8": 8, "paging_5": 5, "retry_changed_args": 3, "edit_and_test": 8}
 
 
@@ -43,9 +38,9 @@ def fence(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ScriptServ
         yield upstream, proxy, logs
 
 
-def _run(fence: tuple[ScriptServer, Proxy, Path], name: str, tmp_path: Path) -> tuple[dict[str, Any], Path]:
-    upstream, proxy, logs = fence
-    out = run_loop(proxy.base_url, seed_workspace(tmp_path / "ws"), task(name))
+def _run(fence: tuple[ScriptServer, Proxy, Path], name: str, tmp_path: Path, tag: str = "") -> tuple[dict[str, Any], Path]:
+    _, proxy, logs = fence
+    out = run_loop(proxy.base_url, seed_workspace(tmp_path / "ws"), task(name, tag))
     assert out["run"], f"no X-Loopfence-Run header on the answers: {out}"
     log = logs / f"{out['run']}.jsonl"
     assert log.is_file(), (out["run"], [p.name for p in logs_in(logs)], proxy.stderr())
@@ -56,11 +51,7 @@ def _run(fence: tuple[ScriptServer, Proxy, Path], name: str, tmp_path: Path) -> 
 def test_a_runaway_stops_at_the_rules_minimum_and_the_loop_ends_on_it(fence: Any, script: Any, tmp_path: Path) -> None:
     out, log = _run(fence, script.name, tmp_path)
     assert out["rc"] == 0, out  # the loop's own stop gate: an answer with no tool calls
-    if script.name in EXECUTIONS:
-        assert out["executions"] == EXECUTIONS[script.name], out
-    else:
-        assert 0 < out["executions"] <= AT_MOST[script.name], out
-    assert out["stop"] in REASONS[script.name], out  # X-Loopfence-Stop
+    stops_at_the_minimum(script.name, out["executions"], out["stop"])  # X-Loopfence-Stop
     assert out["stop"] in out["answer"], out  # the text names the reason
     stop = read_log(log).stop
     assert stop is not None and stop.reason == out["stop"] and stop.verdict == "KILL", stop
@@ -86,7 +77,7 @@ def test_a_legitimate_script_reaches_its_answer(fence: Any, script: Any, tmp_pat
 
 def test_edit_and_test_does_its_real_work_through_the_proxy(fence: Any, tmp_path: Path) -> None:
     """The loop's tools wrote the module four times and ran its tests: all four pass at the end."""
-    out, _ = _run(fence, "edit_and_test", tmp_path)
+    out, _ = _run(fence, "edit_and_test", tmp_path, "again")
     assert out["answer"] == "all 4 tests pass after 4 rounds of edits"
     calc = (tmp_path / "ws" / "calc.py").read_text(encoding="utf-8").splitlines()
     assert len(calc) == 4 and all(line.endswith("# ok") for line in calc), calc

@@ -8,63 +8,16 @@
 // tool executions, and the two headers a proxy may add (read only to report them: the loop's
 // stop gate is the model's reply, as in the seed). Exit 0 with an answer, 1 past the turn limit
 // (break 1's fix), 2 when the endpoint answered an HTTP error.
-import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { makeTools, toolSchemas } from "./tools.ts";
 
 type Call = { id: string; type: "function"; function: { name: string; arguments: string } };
 type Message = { role: string; content: string | null; tool_calls?: Call[]; tool_call_id?: string };
-type Args = Record<string, any>;
 
 const [BASE_URL, WORKSPACE, TASK] = process.argv.slice(2);
 const MODEL = process.env.LOOP_MODEL ?? "fake";
 const MAX_TURNS = Number(process.env.LOOP_MAX_TURNS ?? 60);
-const at = (path: string) => join(WORKSPACE, path);
+const tools = makeTools(WORKSPACE);
 let executions = 0;
-let polls = 0;
-
-// The code that runs: each tool does its work in WORKSPACE (the model never sees this part).
-const tools: Record<string, (args: Args) => string> = {
-  read_file: ({ path, encoding = "utf-8" }) =>
-    existsSync(at(path)) ? readFileSync(at(path), encoding as BufferEncoding)
-      : JSON.stringify({ ok: false, error: "missing_file", path }),
-  list_dir: ({ path = "." }) => readdirSync(at(path)).sort().join("\n"),
-  read_page: ({ path, page }) =>
-    `page ${page} of 5 of ${path}: lorem ipsum ${page}\n` +
-    `[${page >= 5 ? "end of document" : `call read_page with page=${page + 1} for more`}]`,
-  job_status: () => (++polls >= 8 ? "done" : "running"),
-  record: ({ note }) => {
-    writeFileSync(at("notes.txt"), `${note}\n`, { flag: "a" });
-    return "ok";
-  },
-  write_file: ({ path, content }) => {
-    mkdirSync(dirname(at(path)), { recursive: true });
-    writeFileSync(at(path), content);
-    return `wrote ${content.length} characters to ${path}`;
-  },
-  // a line ending in `# ok` is a passing test, `# bug` a failing one
-  run_tests: ({ path }) => {
-    if (!existsSync(at(path))) return `no module ${path}`;
-    const lines = readFileSync(at(path), "utf-8").split("\n").map((l) => l.trimEnd());
-    const passed = lines.filter((l) => l.endsWith("# ok")).length;
-    const failed = lines.filter((l) => l.endsWith("# bug")).length;
-    return failed ? `${failed} failed, ${passed} passed` : `${passed} passed`;
-  },
-};
-
-// What the model sees: a name, a description and a JSON schema per tool.
-const fn = (name: string, description: string, properties: Args, required: string[]) =>
-  ({ type: "function", function: { name, description, parameters: { type: "object", properties, required } } });
-const str = { type: "string" };
-const toolSchemas = [
-  fn("read_file", "Read a text file of the workspace.",
-     { path: str, encoding: { type: "string", default: "utf-8" } }, ["path"]),
-  fn("list_dir", "List a folder of the workspace.", { path: { type: "string", default: "." } }, []),
-  fn("read_page", "Read one page of a long document.", { path: str, page: { type: "integer" } }, ["path", "page"]),
-  fn("job_status", "Check whether a background job has finished.", { job_id: str }, ["job_id"]),
-  fn("record", "Record a note.", { note: str }, ["note"]),
-  fn("write_file", "Write a text file in the workspace, replacing it.", { path: str, content: str }, ["path", "content"]),
-  fn("run_tests", "Run the tests of a module.", { path: str }, ["path"]),
-];
 
 const messages: Message[] = [
   { role: "system", content: "You work in a folder of files. Use the tools, then answer." },
