@@ -54,6 +54,19 @@ class Answer:
         return cls(run_id, ident, model, {"role": "assistant", "content": stop_text(stop)}, "stop",
                    None, stop, as_error, int(time.time()))
 
+    def to_json(self) -> dict[str, Any]:
+        """As the proxy's own notes keep it (`.proxy/<run id>.jsonl` in the log folder)."""
+        return {"run_id": self.run_id, "ident": self.ident, "model": self.model, "message": self.message,
+                "finish_reason": self.finish_reason, "usage": self.usage, "as_error": self.as_error,
+                "created": self.created, "stop": None if self.stop is None else self.stop.to_json()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Answer:
+        st = d.get("stop")
+        stop = None if st is None else Stop(StopReason(st["reason"]), st["detail"], st.get("data") or {})
+        return cls(d["run_id"], d["ident"], d["model"], d["message"], d["finish_reason"], d.get("usage"), stop,
+                   bool(d.get("as_error")), int(d.get("created") or 0))
+
     @property
     def status(self) -> int:
         return 400 if self.stop is not None and self.as_error else 200

@@ -16,6 +16,7 @@ import uvicorn
 
 from ..tools._registry import ToolKind
 from ._app import MAX_BODY, create_app
+from ._restore import restore
 from ._runs import Runs, Settings
 from ._upstream import Upstream, upstream_key
 
@@ -55,6 +56,10 @@ class Proxy:
         self.runs = Runs(self.upstream, self.settings)
         self.app = create_app(self.runs, keys=keys, max_body=max_body)
 
+    async def restore(self) -> int:
+        """Fold back the runs logged in the log folder (a restart): how many continue."""
+        return await restore(self.runs)
+
 
 class _Server(uvicorn.Server):
     """uvicorn, ending on SIGTERM or Ctrl-C with exit 0 (it would raise the signal again after its
@@ -77,6 +82,7 @@ async def serve(proxy: Proxy, host: str, port: int, announce: Callable[[str], No
     config = uvicorn.Config(proxy.app, log_level="warning", lifespan="off", access_log=False,
                             timeout_graceful_shutdown=5)
     server = _Server(config)
+    await proxy.restore()
     announce(f"http://{shown}:{bound}/v1")
     try:
         await server.serve(sockets=[sock])

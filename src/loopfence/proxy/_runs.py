@@ -41,7 +41,8 @@ from .. import __version__
 from .._json import canonical_json
 from .._limits import Limits, Policy
 from .._messages import Reply, Request
-from .._stops import Stop, StopReason
+from .._steps import on_the_clock
+from .._stops import Stop, StopError, StopReason
 from ..integrations._fence import Fence, FencedRun, FenceStop
 from ..tools._executor import ToolResult
 from ..tools._registry import ToolKind
@@ -49,10 +50,11 @@ from ._answer import Answer
 from ._upstream import Relay, Upstream
 from ._wire import BadRequest, Incoming, chain
 
-__all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "opening", "text_of"]
+__all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "FRAMEWORK", "NOTES", "opening", "text_of", "precheck", "value_of"]
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FRAMEWORK = "loopfence-proxy"
+NOTES = ".proxy"  # the folder, inside the log folder, of the proxy's own notes per run
 _NOT_SENT = json.dumps({"ok": False, "error": "not_sent", "message": "the proxy did not release this call to the "
                         "client (a rule refused it)"})
 
@@ -83,6 +85,14 @@ class WireRun:
     stopped: Answer | None = None
     held: set[str] = field(default_factory=set)  # the last reply's calls not released to the client
     log: str | None = None
+    reopened: bool = False  # restored with its last request sent and no reply logged: the retry goes out once
+    notes: Path | None = None  # the proxy's own notes on this run (`.proxy/<id>.jsonl`): what restarts need
+
+    def note(self, **fields: Any) -> None:
+        """One line of notes: who opened the run, each request's digest, each answer given."""
+        if self.notes is not None:
+            with self.notes.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(fields, ensure_ascii=False) + "\n")
 
     def describe(self) -> dict[str, Any]:
         f = self.fenced
@@ -157,6 +167,7 @@ class Runs:
             self.by_latest.pop(run.latest[0], None)
         run.latest = (incoming.whole, fut)
         self.by_latest[incoming.whole] = run
+        run.note(asked=incoming.whole, tail=incoming.prefix[-1])
         try:
             async with run.lock:
                 made = await self._exchange(run, incoming, relay)
@@ -165,11 +176,16 @@ class Runs:
             fut.exception()  # retrieved: a retry may never come
             raise
         fut.set_result(made)
+        self.remember(run, incoming.prefix[-1], made)
+        run.note(answered=incoming.whole, answer=made.to_json())
+        return made, True
+
+    def remember(self, run: WireRun, tail: str, made: Answer) -> None:
+        """The conversation the run reached: the request (its digest `tail`) and the answer it got."""
         if run.conv is not None:
             self.by_conv.pop(run.conv, None)
-        run.conv = chain(incoming.prefix[-1], made.message)
+        run.conv = chain(tail, made.message)
         self.by_conv[run.conv] = run
-        return made, True
 
     def _route(self, incoming: Incoming, named: str | None) -> WireRun | None:
         if named is not None:
@@ -204,17 +220,24 @@ class Runs:
                             "on_stop": st.on_stop}}
         fenced = fence.start(task, tools, framework=FRAMEWORK, version=__version__, model=model, system=system,
                              header=header)
-        run = WireRun(rid, fenced, owner, model, log=None if log is None else str(log))
-        self.runs[rid] = run
-        if named is not None:
-            self.names[named] = rid
+        run = WireRun(rid, fenced, owner, model, log=None if log is None else str(log),
+                      notes=None if st.logs is None else st.logs / NOTES / f"{rid}.jsonl")
+        if run.notes is not None:
+            run.notes.parent.mkdir(exist_ok=True)
+        run.note(start={"named": named, "owner": owner, "model": model})
+        self.add(run, named)
         return run
+
+    def add(self, run: WireRun, named: str | None) -> None:
+        self.runs[run.id] = run
+        if named is not None:
+            self.names[named] = run.id
 
     # -- one exchange ------------------------------------------------------------------------------
     async def _exchange(self, run: WireRun, incoming: Incoming, relay: Relay | None) -> Answer:
         f = run.fenced
         if f.finished:  # stopped while this request waited for the run
-            return self._stopped(run, f.result.stop if f.result is not None else None)
+            return self.stop_answer(run, f.result.stop if f.result is not None else None)
         try:
             await self._results(run, incoming)
 
@@ -225,23 +248,38 @@ class Runs:
                                request.max_tokens, f.state.run_id)
                 return await self.upstream.complete(wire, incoming.model, relay)
 
-            reply = await f.model_request(send, lambda r: r)
-            if f.answer is not None:  # no calls: the run ends here
-                result = f.finish()
-                if result.stop.reason is StopReason.FINAL_ANSWER:
-                    return self._reply(run, reply, [])
-                return self._stopped(run, result.stop)
-            released, stop = _precheck(f)
-            if stop is not None and not released:
-                await self._refuse(f)  # raises the stop
-            run.held = {c.call.id for c in (f.turn.calls if f.turn else [])} - {c.call.id for c in released}
-            return self._reply(run, reply, [c.call for c in released])
+            if run.reopened:  # its request is logged and counted: the reply is what is owed
+                run.reopened = False
+                reply = await on_the_clock(f.state, send(Request([], [], {}, f.state.deadline(),
+                                                                 f.state.ledger.model_requests,
+                                                                 f.state.max_tokens()), None))
+                f.reply(reply)
+            else:
+                reply = await f.model_request(send, lambda r: r)
+            return await self.settle(run, reply)
         except FenceStop as exc:
-            return self._stopped(run, exc.stop)
+            return self.stop_answer(run, exc.stop)
+        except StopError as exc:  # the upstream, for a reopened request
+            return self.stop_answer(run, f.finish(exc.stop).stop)
         except Exception:
             if f.result is not None:  # what the model request raised ended the run (endpoint_error)
-                return self._stopped(run, f.result.stop)
+                return self.stop_answer(run, f.result.stop)
             raise
+
+    async def settle(self, run: WireRun, reply: Reply) -> Answer:
+        """The answer to a checked reply: the final answer (the run ends), the stop, or the reply with
+        the calls the guards allow. Raises FenceStop."""
+        f = run.fenced
+        if f.answer is not None:  # no calls: the run ends here
+            result = f.finish()
+            if result.stop.reason is StopReason.FINAL_ANSWER:
+                return self.reply_answer(run, reply, [])
+            return self.stop_answer(run, result.stop)
+        released, stop = precheck(f)
+        if stop is not None and not released:
+            await self._refuse(f)  # raises the stop
+        run.held = {c.call.id for c in (f.turn.calls if f.turn else [])} - {c.call.id for c in released}
+        return self.reply_answer(run, reply, [c.call for c in released])
 
     async def _results(self, run: WireRun, incoming: Incoming) -> None:
         """The results the request's tool messages carry, for the calls of the last reply, in its order."""
@@ -254,18 +292,18 @@ class Runs:
         for c in list(turn.calls):
             cid = c.call.id
             if cid in given:
-                await f.call(cid, _value(given.pop(cid)))
+                await f.call(cid, value_of(given.pop(cid)))
             elif cid in run.held:
-                await f.call(cid, _value(_NOT_SENT))
+                await f.call(cid, value_of(_NOT_SENT))
         run.held = set()  # calls the client never answered: the next request's end_turn says not_executed
 
     async def _refuse(self, f: FencedRun) -> None:
         """The reply's calls through the real guards until the stop (none of them is run)."""
         for c in list(f.turn.calls if f.turn else []):
-            await f.call(c.call.id, _value(_NOT_SENT))
+            await f.call(c.call.id, value_of(_NOT_SENT))
         raise AssertionError("the guards refused on the copy but not on the run")  # pragma: no cover
 
-    def _reply(self, run: WireRun, reply: Reply, calls: Any) -> Answer:
+    def reply_answer(self, run: WireRun, reply: Reply, calls: Any) -> Answer:
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if calls:
             message["tool_calls"] = [c.to_wire() for c in calls]
@@ -275,7 +313,7 @@ class Runs:
         return Answer(run.id, self._ident(run), str(raw.get("model") or run.model), message, finish, usage,
                       created=raw["created"] if isinstance(raw.get("created"), int) else int(time.time()))
 
-    def _stopped(self, run: WireRun, stop: Stop | None) -> Answer:
+    def stop_answer(self, run: WireRun, stop: Stop | None) -> Answer:
         if run.stopped is None:
             stop = stop or Stop(StopReason.INTERNAL_ERROR, "the run ended")
             run.stopped = Answer.stopped(run.id, self._ident(run), run.model, stop, self.settings.on_stop == "error")
@@ -285,7 +323,7 @@ class Runs:
         return f"chatcmpl-lf-{run.id[:24]}-{run.fenced.state.ledger.model_requests}"
 
 
-def _value(content: str) -> Callable[[], Any]:
+def value_of(content: str) -> Callable[[], Any]:
     async def value() -> str:
         return content
     return value
@@ -303,7 +341,7 @@ def _shared(guards: Any) -> dict[int, Any]:
     return memo
 
 
-def _precheck(f: FencedRun) -> tuple[list[Any], Stop | None]:
+def precheck(f: FencedRun) -> tuple[list[Any], Stop | None]:
     """The reply's calls through a copy of the run's guards, in the ring's order, as if each one
     allowed ran: (the calls to release, the stop the first refused call would get, or None). Calls
     refused without a stop (a duplicate in one reply) are not released either."""
