@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from .._log._events import LogError
 from .._log._reader import read_log
 from .._log._writer import RunLog
 from .._messages import Reply
 from .._stops import Stop, StopReason
 from .._drivers._rebuild import limits_of, policy_of
-from ..integrations._fence import Fence, FenceStop
+from ..integrations._fence import Fence, FenceStop, versions
 from ._answer import Answer
 from ._runs import FRAMEWORK, NOTES, Runs, WireRun, precheck, value_of
 
@@ -84,7 +83,7 @@ async def _restore_one(runs: Runs, path: Path) -> bool:
     fence = Fence(limits=limits_of(h, p), policy=policy_of(h, p), kinds={s.name: s.kind for s in h.tools})
     tools = [fence.tool(s.name, s.parameters, s.description) for s in h.tools]
     model = str(start.get("model") or (h.model.get("model") if isinstance(h.model, dict) else "") or "")
-    f = fence.start(h.task, tools, framework=FRAMEWORK, version=__version__, model=model, system=h.system,
+    f = fence.start(h.task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=h.system,
                     header={"proxy": proxy})
     f.state.run_id = h.run_id  # the same run upstream: its requests carry the same id
     run = WireRun(rid, f, start.get("owner"), model, log=p, notes=notes_path)

@@ -37,13 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from .._json import canonical_json
 from .._limits import Limits, Policy
 from .._messages import Reply, Request
 from .._steps import on_the_clock
 from .._stops import Stop, StopError, StopReason
-from ..integrations._fence import Fence, FencedRun, FenceStop
+from ..integrations._fence import Fence, FencedRun, FenceStop, versions
 from ..tools._executor import ToolResult
 from ..tools._registry import ToolKind
 from ._answer import Answer
@@ -218,7 +217,7 @@ class Runs:
         model = self.upstream.model_name(incoming.model)
         header = {"proxy": {"run": rid, "user_agent": user_agent, "upstream": self.upstream.describe(),
                             "on_stop": st.on_stop}}
-        fenced = fence.start(task, tools, framework=FRAMEWORK, version=__version__, model=model, system=system,
+        fenced = fence.start(task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=system,
                              header=header)
         run = WireRun(rid, fenced, owner, model, log=None if log is None else str(log),
                       notes=None if st.logs is None else st.logs / NOTES / f"{rid}.jsonl")
