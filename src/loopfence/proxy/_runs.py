@@ -81,6 +81,7 @@ class WireRun:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     latest: tuple[str, asyncio.Future[Answer]] | None = None
     conv: str | None = None
+    before: str | None = None
     stopped: Answer | None = None
     held: set[str] = field(default_factory=set)  # the last reply's calls not released to the client
     log: str | None = None
@@ -181,8 +182,9 @@ class Runs:
 
     def remember(self, run: WireRun, tail: str, made: Answer) -> None:
         """The conversation the run reached: the request (its digest `tail`) and the answer it got."""
-        if run.conv is not None:
-            self.by_conv.pop(run.conv, None)
+        if run.before is not None and self.by_conv.get(run.before) is run:
+            del self.by_conv[run.before]
+        run.before = run.conv  # what the latest request extended: its retry still finds the run
         run.conv = chain(tail, made.message)
         self.by_conv[run.conv] = run
 
