@@ -45,8 +45,12 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..proxy import Proxy, Settings, load_kinds
-    from ..proxy._proxy import serve
+    try:
+        from ..proxy import Proxy, Settings, load_kinds
+        from ..proxy._proxy import serve
+    except ImportError as exc:  # starlette / uvicorn: the `proxy` extra
+        raise UsageError(f"loopfence proxy needs the proxy extra ({exc.name} is missing): "
+                         "pip install 'loopfence[proxy]'") from None
 
     limits = limits_from_flags(args.limit, profile=args.limits)
     try:

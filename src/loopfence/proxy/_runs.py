@@ -310,6 +310,9 @@ class Runs:
             message["tool_calls"] = [c.to_wire() for c in calls]
         raw = reply.raw if isinstance(reply.raw, dict) else {}
         usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else None
+        if usage is None and reply.usage is not None:  # a streamed reply: its usage chunk, as read
+            p, c = reply.usage.prompt_tokens or 0, reply.usage.completion_tokens or 0
+            usage = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
         finish = "tool_calls" if calls else ("stop" if reply.tool_calls else reply.finish_reason or "stop")
         return Answer(run.id, self._ident(run), str(raw.get("model") or run.model), message, finish, usage,
                       created=raw["created"] if isinstance(raw.get("created"), int) else int(time.time()))
