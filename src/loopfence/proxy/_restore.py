@@ -122,6 +122,10 @@ def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: 
     answered = {n["answered"]: Answer.from_json(n["answer"]) for n in notes if "answered" in n}
     if f.result is not None and f.result.stop.reason is not StopReason.FINAL_ANSWER:
         runs.stop_answer(run, f.result.stop)
+    tails = {n["asked"]: n["tail"] for n in asked}
+    for n in notes:  # the conversations it reached: a request extending the last (or retrying it) finds the run
+        if "answered" in n and n["answered"] in tails:
+            runs.remember(run, tails[n["answered"]], answered[n["answered"]])
     if not asked:
         return
     whole, tail = asked[-1]["asked"], asked[-1]["tail"]
@@ -141,4 +145,5 @@ def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: 
     fut.set_result(made)
     run.latest = (whole, fut)
     runs.by_latest[whole] = run
-    runs.remember(run, tail, made)
+    if made is not answered.get(whole):
+        runs.remember(run, tail, made)

@@ -115,6 +115,7 @@ def parse(body: Any) -> Incoming:
     _check_tools(tools)
     _check_messages(messages)
     _check_params(body)
+    _check_choice(body.get("tool_choice"), {t["function"]["name"] for t in tools})
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest(f"stream_options must be an object, got {_kind(options)}", "stream_options")
@@ -154,6 +155,19 @@ def _check_params(body: dict[str, Any]) -> None:
     n = body.get("n")
     if n is not None and n != 1:
         raise BadRequest(f"n must be 1 (the fence follows one conversation), got {n!r}"[:200], "n")
+
+
+def _check_choice(choice: Any, names: set[str]) -> None:
+    """tool_choice: "none", "auto", "required", or a declared function by name."""
+    if choice is None or choice in ("none", "auto", "required"):
+        return
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise BadRequest("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                         "\"function\": {\"name\": ...}}", "tool_choice")
+    if name not in names:
+        raise BadRequest(f"tool_choice names the function {name!r}, which tools does not declare"[:300], "tool_choice")
 
 
 def _check_tools(tools: list[Any]) -> None:
