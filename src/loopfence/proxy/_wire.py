@@ -11,6 +11,7 @@ extends a run is found by the digest of its messages up to its last assistant me
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,9 +85,19 @@ def _text(content: Any) -> str:
     return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
+def _arguments(raw: Any) -> str:
+    """A call's arguments as canonical JSON (clients re-serialize them: spaces, key order), else as sent."""
+    if not raw:
+        return "{}"
+    try:
+        return canonical_json(json.loads(raw))
+    except (TypeError, ValueError):
+        return str(raw)
+
+
 def message_digest(m: dict[str, Any]) -> str:
     """What a client keeps of a message, canonical: role, text, calls (id, name, arguments), the call answered."""
-    calls = [[c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments") or "{}"]
+    calls = [[c.get("id"), (c.get("function") or {}).get("name"), _arguments((c.get("function") or {}).get("arguments"))]
              for c in m.get("tool_calls") or []]
     kept = [m.get("role"), _text(m.get("content")), calls, m.get("tool_call_id")]
     return canonical_json(kept)
