@@ -51,16 +51,21 @@ async def restore(runs: Runs) -> int:
 
 
 def _notes(path: Path) -> list[dict[str, Any]]:
-    out = []
+    """The notes, each whole line; a torn last line (a kill mid-write) is cut off the file, so the
+    notes written after the restart start on a line of their own."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        data = path.read_bytes()
     except OSError:
         return []
-    for line in lines:
+    whole = data[: data.rfind(b"\n") + 1]
+    if len(whole) < len(data):
+        os.truncate(path, len(whole))
+    out = []
+    for line in whole.decode("utf-8", "replace").splitlines():
         try:
             out.append(json.loads(line))
-        except ValueError:  # a torn last line
-            break
+        except ValueError:
+            continue
     return out
 
 
@@ -130,7 +135,8 @@ def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: 
         return
     whole, tail = asked[-1]["asked"], asked[-1]["tail"]
     made = answered.get(whole)
-    if made is None and not run.reopened and last_reply is not None:  # logged, not yet answered
+    logged = last_reply is not None and f.state.ledger.model_requests == asked[-1].get("step")
+    if made is None and not run.reopened and logged:  # its reply logged, not yet answered
         if run.stopped is not None:
             made = run.stopped
         elif f.turn is not None:

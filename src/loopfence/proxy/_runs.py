@@ -167,7 +167,7 @@ class Runs:
             self.by_latest.pop(run.latest[0], None)
         run.latest = (incoming.whole, fut)
         self.by_latest[incoming.whole] = run
-        run.note(asked=incoming.whole, tail=incoming.prefix[-1])
+        run.note(asked=incoming.whole, tail=incoming.prefix[-1], step=run.fenced.state.ledger.model_requests + 1)
         try:
             async with run.lock:
                 made = await self._exchange(run, incoming, relay)
