@@ -72,7 +72,9 @@ class _Server(uvicorn.Server):
 async def serve(proxy: Proxy, host: str, port: int, announce: Callable[[str], None]) -> None:
     """Listen on host:port (0: any free port), call `announce(url)` once listening, serve until a signal."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only for a TCP-proto
+    # socket; without it each reply (head and body written apart) waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)
