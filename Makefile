@@ -11,7 +11,7 @@ BENCH  := $(BENCH_VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: run test test-fast docs sandbox chromium mcp-servers local bench clean
+.PHONY: run test test-fast docs sandbox chromium mcp-servers ts-deps local bench clean
 
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,17 @@ $(MCP_FS):
 
 mcp-servers: $(MCP_FETCH) $(MCP_FS)
 
+# The proxy's TypeScript clients (tests/ts: an agent loop in plain fetch, the official openai Node SDK),
+# pinned by tests/ts/package-lock.json; tsx runs the .ts files on node 20 (no native TypeScript there).
+TS_DEPS := tests/ts/node_modules/.installed
+
+$(TS_DEPS): tests/ts/package.json tests/ts/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "npm missing: install node.js (tests/test_proxy_ts.py fails under CI)"; exit 1; }
+	cd tests/ts && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+ts-deps: $(TS_DEPS)
+
 # The sample task on the sample workspace, with the embedded model (no server, no key). Logs go to runs/.
 # The path is quoted: " pages/..." after a word is a different token from "pages/...", and the 135M
 # model copies a path into a call only token for token (unquoted, 0 of 10 seeds read the page).
@@ -79,10 +90,10 @@ run: $(LOCAL) sandbox
 	@$(VENV)/bin/loopfence run '$(RUN_TASK)' --workspace runs/workspace --system "$(RUN_SYSTEM)" \
 	  --seed $(RUN_SEED) --temperature $(RUN_TEMPERATURE); rc=$$?; [ $$rc -le 1 ]
 
-test: $(LOCAL) sandbox chromium mcp-servers
+test: $(LOCAL) sandbox chromium mcp-servers ts-deps
 	$(PY) -m pytest
 
-test-fast: $(BASE) sandbox chromium mcp-servers
+test-fast: $(BASE) sandbox chromium mcp-servers ts-deps
 	$(PY) -m pytest -m "not slow and not local_model"
 
 # The documentation site (mkdocs.yml, docs/) into build/site/; strict: a broken link or reference fails.

@@ -2,4 +2,5 @@
 
 __all__ = ["COMMANDS"]
 
-COMMANDS = ["run", "batch", "drill", "fake_server", "replay", "reconcile", "resume", "export", "report", "schema"]  # module names under loopfence._commands, in help order
+COMMANDS = ["run", "batch", "drill", "fake_server", "proxy", "replay", "reconcile", "resume", "export", "report",
+            "schema"]  # module names under loopfence._commands, in help order

@@ -204,18 +204,19 @@ class Fence:
 
     def start(self, task: str, tools: Iterable[Tool], *, framework: str, version: str | None = None,
               model: str | None = None, system: str | None = None,
-              stop_error: type[FenceStop] = FenceStop, limit_of: LimitOf | None = None) -> FencedRun:
-        """A run begins: the header is written (the framework and its version recorded). PriceError
-        for a cost budget whose model has no price, before anything is written. `limit_of`: the
-        framework's own limit an error it raises reports (its `framework_limit` stop), or None."""
+              stop_error: type[FenceStop] = FenceStop, limit_of: LimitOf | None = None,
+              header: Mapping[str, Any] | None = None) -> FencedRun:
+        """A run begins: the header is written (the framework and its version recorded, and `header`'s
+        own fields). PriceError for a cost budget whose model has no price, before anything is written.
+        `limit_of`: the framework's own limit an error it raises reports (its `framework_limit` stop), or None."""
         tools = list(tools)
         _known_kinds(self.kinds, tools)  # before the log is made or anything is sent
         log = self.log() if callable(self.log) else self.log
         gate = UntrustedGate(self.approve, self.privileged)
         extra = list(self.guards()) if self.guards is not None else None
-        header = {"framework": {"name": framework, **({"version": version} if version else {})}}
+        fields = {"framework": {"name": framework, **({"version": version} if version else {})}, **(header or {})}
         state, runlog, guards, _ = start(task, _Described(framework, model), list(tools), self.limits, self.policy,
-                                         system, None, log, extra, None, header, gate, None, Compaction.off(),
+                                         system, None, log, extra, None, fields, gate, None, Compaction.off(),
                                          self.on_event, self.prices)
         return FencedRun(self, state, runlog, guards, stop_error, limit_of=limit_of)
 

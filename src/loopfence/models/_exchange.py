@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +28,14 @@ from .._stops import StopError, StopReason
 from ._errors import error_stop
 from ._pool import Pool
 from ._retry import parse_retry_after, retryable_status
-from ._sse import aiter_events
+from ._sse import SSEEvent, aiter_events
 from ._stream import StreamEnd, assemble, chunk_of, chunk_texts, reply_from_response
 
-__all__ = ["Retry", "Wire", "attempt"]
+__all__ = ["Retry", "Wire", "attempt", "ON_STREAM_EVENT"]
+
+ON_STREAM_EVENT: ContextVar[Callable[[SSEEvent], None] | None] = ContextVar("loopfence_on_stream_event", default=None)
+"""Set around a request by a caller that relays a stream as it arrives (`loopfence proxy`): called with
+each SSE event of a streaming 200 as it is read, before the reply is assembled."""
 
 
 class Retry(Exception):
@@ -111,10 +116,13 @@ async def _read_stream(resp: httpx.Response, wire: Wire, tools: tuple[str, ...])
     reply's problem (never a retry: part was used)."""
     end = StreamEnd(tools=tools)
     chunks: list[dict[str, Any]] = []
+    relay = ON_STREAM_EVENT.get()
     try:
         try:
             async with aclosing(aiter_events(_counted(resp, wire))) as events:
                 async for ev in events:
+                    if relay is not None:
+                        relay(ev)
                     chunk = chunk_of(ev, end)
                     if end.done or end.problem:
                         break

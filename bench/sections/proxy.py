@@ -1,0 +1,283 @@
+"""`loopfence proxy`: the latency it adds per request, side by side in one run with the same loopback
+upstream reached directly, through a bare Starlette + uvicorn + httpx pass-through, and through
+LiteLLM's proxy (when `litellm[proxy]` is installed in this venv; never in --quick); then many
+concurrent conversations through it, and the memory each open run holds.
+
+Every path gets the same traffic: conversations of a no-op call with fresh arguments per turn, then
+an answer (the client sends each turn's result back, as an agent does), one request at a time over a
+keep-alive connection. The upstream answers from the request itself, in a process of its own; each
+server is a process of its own. Added latency = the path's percentile minus the direct one's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+
+from ..report import Section, table
+
+TITLE = "Proxy"
+FULL = {"conversations": 200, "steps": 4, "concurrent": 100}
+QUICK = {"conversations": 4, "steps": 2, "concurrent": 10}
+GOAL_VS_LITELLM = 0.25  # the proxy's p50 addition: at most this share of LiteLLM's
+GOAL_VS_BARE = 2.0  # and at most this multiple of a bare pass-through's
+START_S = 120.0  # how long a server may take to start: bounds a failure, not a speed
+ROOT = Path(__file__).resolve().parents[2]
+NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]  # no 40 ms delayed-ACK stall between a request's head and body
+_URL = re.compile(r"(http://127\.0\.0\.1:\d+/v1)")
+
+
+def _upstream_main(steps: int) -> None:
+    """The stateless upstream: a no-op call per turn (a fresh call id each) until `steps` results,
+    then an answer."""
+    from loopfence.testing import calls_reply, text_reply, tool_call
+
+    from .concurrency import PerRunServer
+
+    class Upstream(PerRunServer):
+        def _next(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+            done = sum(1 for m in body.get("messages", []) if isinstance(m, dict) and m.get("role") == "tool")
+            return calls_reply(tool_call("noop", {"i": done}, id=f"call_{done}")) if done < self.steps \
+                else text_reply("done")
+
+    with Upstream(steps) as srv:
+        print(f"upstream listening on {srv.base_url}", flush=True)
+        sys.stdin.read()  # until the parent closes our stdin
+
+
+def _passthrough_main(upstream: str) -> None:
+    """A bare pass-through on the same kind of stack as the proxy: Starlette on uvicorn, httpx upstream."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    client = httpx.AsyncClient(timeout=60, transport=httpx.AsyncHTTPTransport(socket_options=NODELAY, limits=httpx.Limits(
+        max_connections=200, max_keepalive_connections=200)))
+
+    async def chat(request: Request) -> Response:
+        got = await client.post(f"{upstream}/chat/completions", content=await request.body(),
+                                headers={"content-type": "application/json"})
+        return Response(got.content, status_code=got.status_code, media_type=got.headers.get("content-type"))
+
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and an
+    # accepted socket inherits it; without it every reply waits ~40 ms for a delayed ACK (Nagle)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)
+    print(f"pass-through listening on http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True)
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    asyncio.run(server.serve(sockets=[sock]))
+
+
+class Child:
+    """A server in a process of its own; its URL is the first http://127.0.0.1:PORT/v1 it prints."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, **(env or {})))
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        found = _URL.search(line)
+        if not found:
+            self.close()
+            raise RuntimeError(f"{argv[:4]} printed {line!r}, not its URL")
+        self.url = found.group(1)
+
+    def rss_kib(self) -> int:
+        """Resident memory (Linux /proc), KiB."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text(encoding="utf-8").splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _module(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bench.sections.proxy", *args]
+
+
+TOOLS = [{"type": "function", "function": {"name": "noop", "description": "Do nothing.", "parameters": {
+    "type": "object", "properties": {"i": {"type": "integer"}}, "required": ["i"]}}}]
+
+
+class Conversation:
+    """One agent's conversation: each reply pushed back as it came, each call answered."""
+
+    def __init__(self, k: int) -> None:
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": f"Conversation {k}: call noop, then answer."}]
+        self.answered = False
+
+    def body(self) -> dict[str, Any]:
+        return {"model": "fake", "messages": self.messages, "tools": TOOLS}
+
+    def take(self, got: httpx.Response) -> None:
+        got.raise_for_status()
+        message = got.json()["choices"][0]["message"]
+        self.messages.append(message)
+        calls = message.get("tool_calls") or []
+        self.messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"ok {c['function']['arguments']}"}
+                          for c in calls]
+        self.answered = not calls
+
+
+def _latencies(url: str, first: int, n: int) -> list[float]:
+    """Conversations first..first+n-1 through `url`, one request at a time: each request's seconds."""
+    out = []
+    with httpx.Client(timeout=60, transport=httpx.HTTPTransport(socket_options=NODELAY)) as client:
+        for k in range(first, first + n):
+            talk = Conversation(k)
+            while not talk.answered:
+                t0 = time.perf_counter()
+                got = client.post(f"{url}/chat/completions", json=talk.body())
+                out.append(time.perf_counter() - t0)
+                talk.take(got)
+    return out
+
+
+def _pct(xs: list[float], p: int) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[p - 1] if len(xs) > 1 else xs[0]
+
+
+async def _concurrent(url: str, first: int, n: int, upto: int) -> tuple[int, int, float]:
+    """n conversations at once, each up to `upto` requests (fewer than its answer: left open):
+    (requests answered, conversations ended with their answer, wall s)."""
+    talks = [Conversation(k) for k in range(first, first + n)]
+    requests = 0
+
+    async def one(client: httpx.AsyncClient, talk: Conversation) -> None:
+        nonlocal requests
+        for _ in range(upto):
+            talk.take(await client.post(f"{url}/chat/completions", json=talk.body()))
+            requests += 1
+            if talk.answered:
+                return
+
+    t0 = time.perf_counter()
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        await asyncio.gather(*(one(client, talk) for talk in talks))
+    return requests, sum(t.answered for t in talks), time.perf_counter() - t0
+
+
+def _litellm(upstream: str, tmp: Path) -> Child | str:
+    """LiteLLM's proxy in front of the upstream, or why not."""
+    exe = Path(sys.executable).parent / "litellm"
+    if not exe.exists():
+        return "not installed in this venv (bench/requirements.txt: litellm[proxy]==1.80.17)"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp / "litellm.yaml"
+    config.write_text(f"model_list:\n  - model_name: fake\n    litellm_params:\n      model: openai/fake\n"
+                      f"      api_base: {upstream}\n      api_key: sk-bench\n", encoding="utf-8")
+    proc = subprocess.Popen([str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=tmp, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, LITELLM_TELEMETRY="False", LITELLM_LOG="ERROR"))
+    child = Child.__new__(Child)
+    child.proc, child.url = proc, f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health/liveliness", timeout=2).status_code == 200:
+                return child
+        except httpx.TransportError:
+            time.sleep(0.5)
+    child.close()
+    return f"did not start in {START_S:.0f} s (exit {proc.poll()})"
+
+
+def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
+    cfg = QUICK if quick else FULL
+    n, steps = cfg["conversations"], cfg["steps"]
+    rows, data, notes = [], {}, []
+    with tempfile.TemporaryDirectory(prefix="loopfence-bench-proxy-") as tmp_name:
+        tmp = Path(tmp_name)
+        upstream = Child(_module("upstream", str(steps)))
+        servers: dict[str, Child | str] = {"direct": upstream}
+        try:
+            servers["bare pass-through (Starlette + uvicorn + httpx)"] = Child(_module("passthrough", upstream.url))
+            servers["loopfence proxy"] = Child([sys.executable, "-m", "loopfence", "proxy", "--upstream", upstream.url,
+                                                "--port", "0", "--logs", str(tmp / "logs")])
+            servers["LiteLLM proxy"] = "skipped in --quick" if quick else _litellm(upstream.url, tmp)
+            first = 0
+            for name, server in servers.items():
+                if isinstance(server, str):
+                    notes.append(f"{name}: {server}.")
+                    continue
+                _latencies(server.url, 10_000 + first, 2)  # warm-up: connections, imports, first runs
+                lat = _latencies(server.url, first, n)
+                first += n
+                data[name] = {"p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3, "requests": len(lat)}
+            direct = data["direct"]
+            for name, d in data.items():
+                d["added_p50_ms"], d["added_p99_ms"] = d["p50_ms"] - direct["p50_ms"], d["p99_ms"] - direct["p99_ms"]
+                rows.append([name, d["requests"], f"{d['p50_ms']:.2f}", f"{d['p99_ms']:.2f}",
+                             "" if name == "direct" else f"{d['added_p50_ms']:+.2f}",
+                             "" if name == "direct" else f"{d['added_p99_ms']:+.2f}"])
+            proxy = servers["loopfence proxy"]
+            assert isinstance(proxy, Child)
+            conc = cfg["concurrent"]
+            before = proxy.rss_kib()
+            opened, _, _ = asyncio.run(_concurrent(proxy.url, 20_000, conc, steps))  # every run left open
+            held = proxy.rss_kib()
+            requests, ended, wall = asyncio.run(_concurrent(proxy.url, 30_000, conc, steps + 1))  # to their answers
+            data["concurrent"] = {"conversations": conc, "requests": requests, "answered_all": ended == conc,
+                                  "wall_s": wall, "rss_before_kib": before, "rss_open_kib": held,
+                                  "kib_per_open_run": (held - before) / conc, "open_requests": opened}
+        finally:
+            for server in servers.values():
+                if isinstance(server, Child):
+                    server.close()
+    bare = data.get("bare pass-through (Starlette + uvicorn + httpx)", {}).get("added_p50_ms")
+    ours = data["loopfence proxy"]["added_p50_ms"]
+    lite = data.get("LiteLLM proxy", {}).get("added_p50_ms")
+    goals = [f"p50 added by loopfence proxy: {ours:.2f} ms; goal: at most {GOAL_VS_BARE:g}x the bare "
+             f"pass-through's ({bare:.2f} ms): {'met' if ours <= GOAL_VS_BARE * bare else 'not met'}"]
+    if lite is not None:
+        goals.append(f"and at most {GOAL_VS_LITELLM:g} of LiteLLM's ({lite:.2f} ms): "
+                     f"{'met' if ours <= GOAL_VS_LITELLM * lite else 'not met'}")
+    c = data["concurrent"]
+    md = "\n\n".join([
+        f"{n} conversations per path, each {steps} no-op calls with fresh arguments then an answer "
+        f"({n * (steps + 1)} requests, one at a time over keep-alive); every server a process of its own, "
+        "the upstream answering from the request itself.",
+        table(["path", "requests", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"], rows),
+        "; ".join(goals) + ".", *notes,
+        f"{c['conversations']} conversations at once through the proxy: {c['requests']} requests, "
+        f"{'all answered' if c['answered_all'] else 'NOT all answered'}, {c['wall_s']:.2f} s. "
+        f"Memory: {c['rss_before_kib'] / 1024:.1f} MiB resident before, {c['rss_open_kib'] / 1024:.1f} MiB with "
+        f"{c['conversations']} more runs open ({c['open_requests']} requests in): "
+        f"{c['kib_per_open_run']:.0f} KiB per open run.",
+    ])
+    return Section(TITLE, md, data)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "upstream":
+        _upstream_main(int(sys.argv[2]))
+    else:
+        _passthrough_main(sys.argv[2])

@@ -1,0 +1,76 @@
+"""`loopfence proxy`: the fence on the wire, in front of any OpenAI-compatible endpoint (docs/proxy.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from ._common import UsageError, limits_from_flags
+
+__all__ = ["add_parser", "main"]
+
+HELP = "serve the Chat Completions API with loopfence's rules, stops and logs in front of any endpoint"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("proxy", help=HELP, description=(
+        "An OpenAI-compatible server (POST /v1/chat/completions, GET /v1/models) in front of --upstream "
+        "(default: the embedded model). Any agent pointed at it by base URL runs under loopfence's rules: "
+        "budgets and context fit before each request, the contract and repeated_call on each reply, "
+        "results counted and fingerprinted from the next request. A stop ends the client's loop as a "
+        "model would (an answer with no tool calls), or as HTTP 400 with --on-stop error. One log per run "
+        "in --logs, readable by reconcile, replay, report and export. Prints one line, "
+        "`loopfence proxy: listening on URL (upstream: ...)`, and serves until SIGTERM or Ctrl-C (exit 0). "
+        "The upstream key comes from LOOPFENCE_UPSTREAM_KEY, else OPENAI_API_KEY."))
+    p.add_argument("--upstream", metavar="URL", help="the endpoint's base URL, e.g. http://127.0.0.1:8080/v1 "
+                   "(default: the embedded model, no server needed)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port (0: any free port; default 8765)")
+    p.add_argument("--logs", metavar="DIR", default="runs", help="one run log per run, <run id>.jsonl "
+                   "(default: runs); runs logged there before continue after a restart")
+    p.add_argument("--limit", metavar="NAME=VALUE", action="append", default=[],
+                   help="a limit, e.g. max_steps=30 (repeatable)")
+    p.add_argument("--limits", metavar="PROFILE", choices=["default", "coding", "chat"],
+                   help="a limit profile: default, coding or chat (--limit flags apply over it)")
+    p.add_argument("--on-stop", choices=["answer", "error"], default="answer",
+                   help="answer: the stop is an assistant message with no tool calls (default); error: "
+                   "HTTP 400 with an OpenAI-style error body, the stop as its code (not retried by the SDKs)")
+    p.add_argument("--kinds", metavar="FILE.toml", help="tool kinds: `name = \"poll\"` (exempt from "
+                   "repetition rules) or \"side_effect\" (the default)")
+    p.add_argument("--key", metavar="KEY", action="append", default=[],
+                   help="a client key (repeatable): clients then send Authorization: Bearer KEY, and each "
+                   "sees only its own runs")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        from ..proxy import Proxy, Settings, load_kinds
+        from ..proxy._proxy import serve
+    except ImportError as exc:  # starlette / uvicorn: the `proxy` extra
+        raise UsageError(f"loopfence proxy needs the proxy extra ({exc.name} is missing): "
+                         "pip install 'loopfence[proxy]'") from None
+
+    limits = limits_from_flags(args.limit, profile=args.limits)
+    try:
+        kinds = load_kinds(args.kinds) if args.kinds else {}
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0-65535, got {args.port}")
+    try:
+        proxy = Proxy(args.upstream, Settings(limits=limits, kinds=kinds, on_stop=args.on_stop,
+                                              logs=Path(args.logs)), keys=args.key)
+    except ValueError as exc:
+        raise UsageError(f"--upstream: {exc}") from None
+    where = proxy.upstream.describe()
+
+    def announce(url: str) -> None:
+        print(f"loopfence proxy: listening on {url} (upstream: {where})", flush=True)
+
+    try:
+        asyncio.run(serve(proxy, args.host, args.port, announce))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
+    return 0

@@ -1,0 +1,179 @@
+"""The HTTP side: a Starlette app (`create_app`) serving the OpenAI routes and the proxy's own.
+
+    POST /v1/chat/completions   streamed or not; every answer carries X-Loopfence-Run
+    GET  /v1/models             passed through from the upstream
+    GET  /loopfence/runs        this client's runs: ledger and stop
+    GET  /loopfence/runs/{id}
+
+Client keys (`keys`): when any are set, every route wants `Authorization: Bearer <one of them>`, and
+a client sees only the runs opened with its own key. The body is read within `max_body` bytes.
+Each request's work runs in a task of its own, so a client that goes away mid-request leaves the run's
+accounting whole (its retry gets the answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import hmac
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .._json import loads
+from ._answer import RUN_HEADER, Answer, sse
+from ._runs import Runs
+from ._wire import BadRequest, Incoming, parse
+
+__all__ = ["create_app", "MAX_BODY"]
+
+MAX_BODY = 16 << 20  # bytes of one request body, at most
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+           code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status,
+                        headers=headers)
+
+
+def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY) -> Starlette:
+    """The proxy's ASGI app over `runs` (see the module doc)."""
+    allowed = [k.encode() for k in keys]
+    tasks: set[asyncio.Task[Any]] = set()  # requests at work (kept from the garbage collector)
+
+    def owner(request: Request) -> str | None:
+        """The client's key digest (who owns a run), or None without keys; PermissionError if refused."""
+        if not allowed:
+            return None
+        given = request.headers.get("authorization", "")
+        token = given[7:].strip().encode() if given[:7].lower() == "bearer " else b""
+        if not any(hmac.compare_digest(token, k) for k in allowed):
+            raise PermissionError
+        return hashlib.sha256(token).hexdigest()[:16]
+
+    async def body_of(request: Request) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body:
+            raise BadRequest(f"the request body is {int(length)} bytes, over the proxy's limit of {max_body}",
+                             None, 413)
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > max_body:
+                raise BadRequest(f"the request body is over the proxy's limit of {max_body} bytes", None, 413)
+        try:
+            return loads(bytes(data), strict=True)
+        except ValueError as exc:
+            raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}") from None
+
+    async def completions(request: Request) -> Response:
+        try:
+            who = owner(request)
+            incoming = parse(await body_of(request))
+        except PermissionError:
+            return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
+        except BadRequest as exc:
+            return JSONResponse(exc.body(), exc.status)
+        named = request.headers.get(RUN_HEADER)
+        ua = request.headers.get("user-agent", "")
+        if incoming.stream:
+            return await _streamed(incoming, named, ua, who)
+        task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who))
+        try:
+            answer, _ = await asyncio.shield(task)
+        except BadRequest as exc:
+            return JSONResponse(exc.body(), exc.status)
+        return JSONResponse(answer.body(), answer.status, headers=answer.headers())
+
+    async def _streamed(incoming: Incoming, named: str | None, ua: str, who: str | None) -> Response:
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        rid: list[str] = []
+        task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, relay=queue.put_nowait,
+                                  on_run=rid.append))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        first = await queue.get()
+        if first is None:  # nothing streamed: the whole answer is known, headers included
+            try:
+                answer, _ = task.result()
+            except BadRequest as exc:
+                return JSONResponse(exc.body(), exc.status)
+            if answer.status != 200:
+                return JSONResponse(answer.body(), answer.status, headers=answer.headers())
+            return StreamingResponse(_iterate(answer.stream_tail("", incoming.include_usage)),
+                                     media_type="text/event-stream", headers=answer.headers())
+        ident = f"chatcmpl-lf-{uuid.uuid4().hex[:24]}"
+        return StreamingResponse(_relayed(first, queue, task, ident, incoming.include_usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", RUN_HEADER: rid[0] if rid else ""})
+
+    def _spawn(coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    async def models(request: Request) -> Response:
+        try:
+            owner(request)
+        except PermissionError:
+            return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
+        status, body = await runs.upstream.models()
+        return JSONResponse(body, status)
+
+    async def list_runs(request: Request) -> Response:
+        try:
+            who = owner(request)
+        except PermissionError:
+            return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
+        return JSONResponse({"object": "list", "data": [r.describe() for r in runs.visible(who)]})
+
+    async def one_run(request: Request) -> Response:
+        try:
+            who = owner(request)
+        except PermissionError:
+            return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
+        rid = request.path_params["run_id"]
+        run = runs.runs.get(runs.names.get(rid, rid))
+        if run is None or run.owner != who:
+            return _error(404, f"no run {rid!r} for this client", code="run_not_found")
+        return JSONResponse(run.describe(), headers={RUN_HEADER: run.id})
+
+    return Starlette(routes=[
+        Route("/v1/chat/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/loopfence/runs", list_runs, methods=["GET"]),
+        Route("/loopfence/runs/{run_id}", one_run, methods=["GET"]),
+    ])
+
+
+async def _iterate(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for p in parts:
+        yield p
+
+
+async def _relayed(first: str, queue: asyncio.Queue[str | None], task: asyncio.Task[Any], ident: str,
+                   include_usage: bool) -> AsyncIterator[bytes]:
+    """Text deltas as they arrive, then the rest once the reply is whole and checked."""
+    sent = ""
+    item: str | None = first
+    head = Answer("", ident, "", {}, "stop")
+    while item is not None:
+        yield sse(head.chunk({"role": "assistant", "content": item} if not sent else {"content": item}))
+        sent += item
+        item = await queue.get()
+    try:
+        answer, _ = task.result()
+    except Exception as exc:  # noqa: BLE001 - the stream is under way: the error as its last event
+        yield sse({"error": {"message": f"{type(exc).__name__}: {exc}"[:500], "type": "server_error"}})
+        yield b"data: [DONE]\n\n"
+        return
+    answer = dataclasses.replace(answer, ident=ident)
+    parts = answer.stream_tail(sent, include_usage) if answer.status == 200 else answer.error_stream()
+    for p in parts:
+        yield p

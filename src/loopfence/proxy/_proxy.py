@@ -1,0 +1,93 @@
+"""`Proxy`: the upstream, the runs and the app, put together; `serve` runs it under uvicorn on a
+bound socket until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import tomllib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import uvicorn
+
+from ..tools._registry import ToolKind
+from ._app import MAX_BODY, create_app
+from ._restore import restore
+from ._runs import Runs, Settings
+from ._upstream import Upstream, upstream_key
+
+__all__ = ["Proxy", "load_kinds", "serve"]
+
+
+def load_kinds(path: str | Path) -> dict[str, ToolKind]:
+    """A TOML file of `tool_name = "kind"` (top level, or under a `[kinds]` table): side_effect,
+    poll, or read_only (taken as side_effect: the proxy cannot answer from a cache, see
+    docs/proxy.md). ValueError naming the file, the tool and the value."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--kinds {path}: {exc}") from None
+    table = data.get("kinds", data) if isinstance(data.get("kinds"), dict) else data
+    out = {}
+    for name, kind in table.items():
+        if kind not in ("side_effect", "poll", "read_only"):
+            raise ValueError(f"--kinds {path}: tool {name!r} has kind {kind!r}; "
+                             "a kind is \"side_effect\", \"poll\" or \"read_only\"")
+        out[str(name)] = ToolKind.POLL if kind == "poll" else ToolKind.SIDE_EFFECT
+    return out
+
+
+class Proxy:
+    """The fence on the wire. `upstream`: an OpenAI-compatible base URL (`.../v1`), or None for the
+    embedded model; its key from `key`, else LOOPFENCE_UPSTREAM_KEY, else OPENAI_API_KEY. `keys`:
+    the client keys (none: any client). `app`: the ASGI app."""
+
+    def __init__(self, upstream: str | None = None, settings: Settings | None = None, *,
+                 keys: Iterable[str] = (), key: str | None = None, max_body: int = MAX_BODY,
+                 transport: httpx.AsyncBaseTransport | None = None, local: Any = None) -> None:
+        self.settings = settings or Settings()
+        if self.settings.logs is not None:
+            self.settings.logs.mkdir(parents=True, exist_ok=True)
+        self.upstream = Upstream(upstream, key or upstream_key(), local=local, transport=transport)
+        self.runs = Runs(self.upstream, self.settings)
+        self.app = create_app(self.runs, keys=keys, max_body=max_body)
+
+    async def restore(self) -> int:
+        """Fold back the runs logged in the log folder (a restart): how many continue."""
+        return await restore(self.runs)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, ending on SIGTERM or Ctrl-C with exit 0 (it would raise the signal again after its
+    graceful shutdown)."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.should_exit = True
+
+
+async def serve(proxy: Proxy, host: str, port: int, announce: Callable[[str], None]) -> None:
+    """Listen on host:port (0: any free port), call `announce(url)` once listening, serve until a signal."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only for a TCP-proto
+    # socket; without it each reply (head and body written apart) waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    config = uvicorn.Config(proxy.app, log_level="warning", lifespan="off", access_log=False,
+                            timeout_graceful_shutdown=5)
+    server = _Server(config)
+    await proxy.restore()
+    announce(f"http://{shown}:{bound}/v1")
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await proxy.upstream.aclose()
+        sys.stdout.flush()

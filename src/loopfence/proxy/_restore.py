@@ -1,0 +1,155 @@
+"""A restart: every run logged in the log folder is folded back, so it continues where it was.
+
+As `loopfence resume` does, the log is read back to its last complete line (a torn last line is cut
+off the file) and the run's limits, policy and tools come from its header (`_drivers._rebuild`). The
+run's own steps are then run again over the recorded traffic, into a log kept in memory: each
+recorded request through `before_request`, each recorded reply through the contract and the guards,
+each recorded result through `FencedRun.call`. That rebuilds the ledger, the repeat counts, the
+result streaks, cycles and the clock exactly as the run left them; the file is then appended to.
+
+The proxy's notes (`.proxy/<run id>.jsonl`) give what the log does not hold: who opened the run, and
+each request's digest with the answer it got. So a request answered before the crash gets the same
+answer again, never forwarded twice; one whose reply was logged but not yet answered gets the answer
+that reply makes; one sent upstream with no reply logged is forwarded once more, under the same count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .._log._events import LogError
+from .._log._reader import read_log
+from .._log._writer import RunLog
+from .._messages import Reply
+from .._stops import Stop, StopReason
+from .._drivers._rebuild import limits_of, policy_of
+from ..integrations._fence import Fence, FenceStop, versions
+from ._answer import Answer
+from ._runs import FRAMEWORK, NOTES, Runs, WireRun, precheck, value_of
+
+__all__ = ["restore"]
+
+
+async def restore(runs: Runs) -> int:
+    """Fold back every proxy run logged in the log folder; how many were restored."""
+    logs = runs.settings.logs
+    if logs is None or not logs.is_dir():
+        return 0
+    n = 0
+    for path in sorted(logs.glob("*.jsonl")):
+        try:
+            if await _restore_one(runs, path):
+                n += 1
+        except (LogError, ValueError, KeyError, TypeError):  # not a proxy run we can continue: left as it is
+            continue
+    return n
+
+
+def _notes(path: Path) -> list[dict[str, Any]]:
+    """The notes, each whole line; a torn last line (a kill mid-write) is cut off the file, so the
+    notes written after the restart start on a line of their own."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    whole = data[: data.rfind(b"\n") + 1]
+    if len(whole) < len(data):
+        os.truncate(path, len(whole))
+    out = []
+    for line in whole.decode("utf-8", "replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+async def _restore_one(runs: Runs, path: Path) -> bool:
+    log = read_log(path, tolerant=True)
+    h = log.header
+    framework = h.raw.get("framework")
+    proxy = h.raw.get("proxy")
+    if not (isinstance(framework, dict) and framework.get("name") == FRAMEWORK and isinstance(proxy, dict)):
+        return False
+    rid = str(proxy["run"])
+    if rid in runs.runs:
+        return False
+    notes_path = path.parent / NOTES / f"{rid}.jsonl"
+    notes = _notes(notes_path)
+    start = next((n["start"] for n in notes if "start" in n), {})
+    if log.torn_bytes:
+        os.truncate(path, log.complete_bytes)
+    p = str(path)
+    fence = Fence(limits=limits_of(h, p), policy=policy_of(h, p), kinds={s.name: s.kind for s in h.tools})
+    tools = [fence.tool(s.name, s.parameters, s.description) for s in h.tools]
+    model = str(start.get("model") or (h.model.get("model") if isinstance(h.model, dict) else "") or "")
+    f = fence.start(h.task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=h.system,
+                    header={"proxy": proxy})
+    f.state.run_id = h.run_id  # the same run upstream: its requests carry the same id
+    run = WireRun(rid, f, start.get("owner"), model, log=p, notes=notes_path)
+    last_reply, last_t = None, 0.0
+    for e in log.events:
+        raw, last_t = e.raw, e.t
+        try:
+            if e.kind == "request":
+                await f.before_request()
+                last_reply = None
+            elif e.kind == "reply":
+                last_reply = Reply.from_response(raw["raw"], complete=bool(raw.get("complete", True)),
+                                                 problem=str(raw.get("problem") or ""))
+                f.reply(last_reply)
+            elif e.kind == "result" and raw.get("decision") not in ("rejected",) and \
+                    raw.get("error") != "not_executed" and not f.finished:
+                await f.call(str(raw["tool_call_id"]), value_of(str(raw.get("content") or "")))
+            elif e.kind == "stop" and not f.finished:
+                f.finish(Stop(StopReason(raw["reason"]), str(raw.get("detail") or ""), raw.get("data") or {}))
+        except FenceStop:
+            pass
+    if not f.finished:  # the file goes on from here, the clock where it stopped
+        live = RunLog(p, append=True, seq=log.next_seq, t0=time.monotonic() - last_t)
+        f.log = f.state.log = live
+        f.state.t0 = live.t0
+        run.reopened = last_reply is None and f.state.ledger.model_requests > 0 and log.events[-1].kind == "request"
+    _answers(runs, run, notes, last_reply)
+    runs.add(run, start.get("named"))
+    return True
+
+
+def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: Reply | None) -> None:
+    """The run's latest request and its answer (noted, or made again from the logged reply), its stop."""
+    f = run.fenced
+    asked = [n for n in notes if "asked" in n]
+    answered = {n["answered"]: Answer.from_json(n["answer"]) for n in notes if "answered" in n}
+    if f.result is not None and f.result.stop.reason is not StopReason.FINAL_ANSWER:
+        runs.stop_answer(run, f.result.stop)
+    tails = {n["asked"]: n["tail"] for n in asked}
+    for n in notes:  # the conversations it reached: a request extending the last (or retrying it) finds the run
+        if "answered" in n and n["answered"] in tails:
+            runs.remember(run, tails[n["answered"]], answered[n["answered"]])
+    if not asked:
+        return
+    whole, tail = asked[-1]["asked"], asked[-1]["tail"]
+    made = answered.get(whole)
+    logged = last_reply is not None and f.state.ledger.model_requests == asked[-1].get("step")
+    if made is None and not run.reopened and logged:  # its reply logged, not yet answered
+        if run.stopped is not None:
+            made = run.stopped
+        elif f.turn is not None:
+            released, _ = precheck(f)
+            run.held = {c.call.id for c in f.turn.calls} - {c.call.id for c in released}
+            made = runs.reply_answer(run, last_reply, [c.call for c in released])
+        else:
+            made = runs.reply_answer(run, last_reply, [])
+    if made is None:
+        return
+    fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+    fut.set_result(made)
+    run.latest = (whole, fut)
+    runs.by_latest[whole] = run
+    if made is not answered.get(whole):
+        runs.remember(run, tail, made)

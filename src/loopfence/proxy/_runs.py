@@ -1,0 +1,374 @@
+"""Runs on the wire: which run a request belongs to, and the fence's steps run around it.
+
+Each request is, for its run, what a framework's hooks are for an integration (`FencedRun`):
+
+    the results its tool messages carry -> `FencedRun.call` for each call the last answer released
+      (executions counted, results fingerprinted, repeated_result, cycles), in the reply's order
+    -> `model_request`: after_turn, the budgets, context fit, `max_tokens` capped -> the upstream
+    -> the reply: the complete-object gate, the contract against the run's tools, keys bound to the
+       schemas (defaults applied), then the calls the guards would refuse are held back (below)
+    -> the answer: the reply with the calls released, or the stop
+
+The proxy does not run tools, so a refusal cannot be a result it hands the model: the calls a reply
+asks for are checked, before the client sees them, by a copy of the run's guards in the ring's order.
+A call the copy would stop is not released: when it is the reply's first, the run stops now (the
+guards themselves decide, on the real state); when calls before it may run, those are released and
+the stop comes with the next request, once their results are in. The log is the ring's, event for
+event, so `reconcile` and `replay` fold it like any other run.
+
+Run identity: the `X-Loopfence-Run` header names the run; else a request continues the run whose
+latest request plus the answer it got is a prefix of the request's messages, up to its last assistant
+message (digests chained per message, `_wire.chain`); anything else starts a run. A request identical
+to its run's latest one is a retry: it shares that request's answer (in flight or given), and is never
+forwarded twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._json import canonical_json
+from .._limits import Limits, Policy
+from .._messages import Reply, Request
+from .._steps import on_the_clock
+from .._stops import Stop, StopError, StopReason
+from ..integrations._fence import Fence, FencedRun, FenceStop, versions
+from ..tools._executor import ToolResult
+from ..tools._registry import ToolKind
+from ._answer import Answer
+from ._upstream import Relay, Upstream
+from ._wire import BadRequest, Incoming, chain
+
+__all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "FRAMEWORK", "NOTES", "opening", "text_of", "precheck", "value_of"]
+
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+FRAMEWORK = "loopfence-proxy"
+NOTES = ".proxy"  # the folder, inside the log folder, of the proxy's own notes per run
+_NOT_SENT = json.dumps({"ok": False, "error": "not_sent", "message": "the proxy did not release this call to the "
+                        "client (a rule refused it)"})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every run is fenced with. kinds: tool name -> kind (side_effect or poll; see docs/proxy.md)."""
+
+    limits: Limits = field(default_factory=Limits)
+    policy: Policy = field(default_factory=Policy)
+    kinds: Mapping[str, ToolKind] = field(default_factory=dict)
+    on_stop: str = "answer"  # or "error": HTTP 400, OpenAI's error body, the stop as its code
+    logs: Path | None = None
+
+
+@dataclass(eq=False)
+class WireRun:
+    """One run: its fence, whose key opened it, its latest request (digest, answer), the digest of the
+    conversation it reached (latest request + answer), and the answer a stop gave."""
+
+    id: str
+    fenced: FencedRun
+    owner: str | None
+    model: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    latest: tuple[str, asyncio.Future[Answer]] | None = None
+    conv: str | None = None
+    before: str | None = None
+    stopped: Answer | None = None
+    held: set[str] = field(default_factory=set)  # the last reply's calls not released to the client
+    log: str | None = None
+    reopened: bool = False  # restored with its last request sent and no reply logged: the retry goes out once
+    notes: Path | None = None  # the proxy's own notes on this run (`.proxy/<id>.jsonl`): what restarts need
+
+    def note(self, **fields: Any) -> None:
+        """One line of notes: who opened the run, each request's digest, each answer given."""
+        if self.notes is not None:
+            with self.notes.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(fields, ensure_ascii=False) + "\n")
+
+    def describe(self) -> dict[str, Any]:
+        f = self.fenced
+        result = f.result
+        return {"id": self.id, "model": self.model, "log": self.log,
+                "ledger": (result.ledger if result is not None else f.state.ledger.snapshot()).to_json(),
+                "stop": None if result is None else {**result.stop.to_json(), "verdict": str(result.stop.verdict)}}
+
+
+def text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def opening(messages: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """(system, task) for a run's header: the leading system messages' text, then the user messages'
+    text, or (a conversation already under way) the rest of the messages as canonical JSON."""
+    n = 0
+    while n < len(messages) and messages[n].get("role") in ("system", "developer"):
+        n += 1
+    system = "\n\n".join(text_of(m.get("content")) for m in messages[:n]) or None
+    rest = messages[n:]
+    if all(m.get("role") == "user" for m in rest):
+        return system, "\n\n".join(text_of(m.get("content")) for m in rest)
+    return system, canonical_json(rest)
+
+
+class Runs:
+    """Every run this proxy serves, found by name, by conversation, or by its latest request."""
+
+    def __init__(self, upstream: Upstream, settings: Settings) -> None:
+        self.upstream = upstream
+        self.settings = settings
+        self.runs: dict[str, WireRun] = {}
+        self.by_conv: dict[str, WireRun] = {}
+        self.by_latest: dict[str, WireRun] = {}
+        self.names: dict[str, str] = {}  # a client's run name -> the run serving it now
+
+    # -- routing ---------------------------------------------------------------------------------
+    def visible(self, owner: str | None) -> list[WireRun]:
+        return [r for r in self.runs.values() if r.owner == owner]
+
+    async def answer(self, incoming: Incoming, *, named: str | None = None, user_agent: str = "",
+                     owner: str | None = None, relay: Relay | None = None,
+                     on_run: Callable[[str], None] | None = None) -> tuple[Answer, bool]:
+        """The answer to one request, and whether it was made for this request (False: a retry's
+        shared answer, or a stopped run's stop). `relay`: each text delta as it arrives (a stream);
+        `on_run`: the run's id, once it is known (before anything is forwarded)."""
+        if named is not None and not RUN_ID.fullmatch(named):
+            raise BadRequest("the X-Loopfence-Run header must be 1-128 characters of A-Z a-z 0-9 . _ - "
+                             "(starting with a letter or digit)", "X-Loopfence-Run")
+        run = self._route(incoming, named)
+        if run is not None and run.owner != owner:
+            raise BadRequest(f"run {run.id} belongs to another client key", "X-Loopfence-Run", 403)
+        if run is not None:
+            latest = run.latest
+            if latest is not None and latest[0] == incoming.whole:  # a retry: the same answer
+                return await asyncio.shield(latest[1]), False
+            if run.fenced.finished:
+                if run.stopped is not None:
+                    return run.stopped, False
+                run = None  # it ended with an answer: what follows is a new run
+        if run is None:
+            run = self._start(incoming, named, user_agent, owner)
+        if on_run is not None:
+            on_run(run.id)
+        fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        if run.latest is not None:
+            self.by_latest.pop(run.latest[0], None)
+        run.latest = (incoming.whole, fut)
+        self.by_latest[incoming.whole] = run
+        run.note(asked=incoming.whole, tail=incoming.prefix[-1], step=run.fenced.state.ledger.model_requests + 1)
+        try:
+            async with run.lock:
+                made = await self._exchange(run, incoming, relay)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: a retry may never come
+            raise
+        fut.set_result(made)
+        self.remember(run, incoming.prefix[-1], made)
+        run.note(answered=incoming.whole, answer=made.to_json())
+        return made, True
+
+    def remember(self, run: WireRun, tail: str, made: Answer) -> None:
+        """The conversation the run reached: the request (its digest `tail`) and the answer it got."""
+        if run.before is not None and self.by_conv.get(run.before) is run:
+            del self.by_conv[run.before]
+        run.before = run.conv  # what the latest request extended: its retry still finds the run
+        run.conv = chain(tail, made.message)
+        self.by_conv[run.conv] = run
+
+    def _route(self, incoming: Incoming, named: str | None) -> WireRun | None:
+        if named is not None:
+            return self.runs.get(self.names.get(named, named))
+        last = incoming.last_assistant()
+        if last is not None:
+            return self.by_conv.get(incoming.prefix[last])
+        run = self.by_latest.get(incoming.whole)  # a first request: only a retry of one still open
+        return run if run is not None and not run.fenced.finished else None
+
+    def _new_id(self, named: str | None) -> str:
+        if named is None:
+            return uuid.uuid4().hex
+        rid, n = named, 1
+        while rid in self.runs or (self.settings.logs is not None and (self.settings.logs / f"{rid}.jsonl").exists()):
+            n += 1
+            rid = f"{named}-{n}"
+        return rid
+
+    def _start(self, incoming: Incoming, named: str | None, user_agent: str, owner: str | None) -> WireRun:
+        rid = self._new_id(named)
+        st = self.settings
+        names = [t["function"]["name"] for t in incoming.tools]
+        log = None if st.logs is None else st.logs / f"{rid}.jsonl"
+        fence = Fence(limits=st.limits, policy=st.policy, kinds={n: st.kinds[n] for n in names if n in st.kinds},
+                      log=log)
+        tools = [fence.tool(t["function"]["name"], t["function"].get("parameters"),
+                            t["function"].get("description") or "") for t in incoming.tools]
+        system, task = opening(incoming.messages)
+        model = self.upstream.model_name(incoming.model)
+        header = {"proxy": {"run": rid, "user_agent": user_agent, "upstream": self.upstream.describe(),
+                            "on_stop": st.on_stop}}
+        fenced = fence.start(task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=system,
+                             header=header)
+        run = WireRun(rid, fenced, owner, model, log=None if log is None else str(log),
+                      notes=None if st.logs is None else st.logs / NOTES / f"{rid}.jsonl")
+        if run.notes is not None:
+            run.notes.parent.mkdir(exist_ok=True)
+        run.note(start={"named": named, "owner": owner, "model": model})
+        self.add(run, named)
+        return run
+
+    def add(self, run: WireRun, named: str | None) -> None:
+        self.runs[run.id] = run
+        if named is not None:
+            self.names[named] = run.id
+
+    # -- one exchange ------------------------------------------------------------------------------
+    async def _exchange(self, run: WireRun, incoming: Incoming, relay: Relay | None) -> Answer:
+        f = run.fenced
+        if f.finished:  # stopped while this request waited for the run
+            return self.stop_answer(run, f.result.stop if f.result is not None else None)
+        try:
+            await self._results(run, incoming)
+
+            async def send(request: Request, note: str | None) -> Reply:
+                messages = incoming.messages + ([{"role": "user", "content": note}] if note else [])
+                params = {k: v for k, v in incoming.params.items() if k != "model"}
+                wire = Request(messages, incoming.tools, params, request.deadline, request.step,
+                               request.max_tokens, f.state.run_id)
+                return await self.upstream.complete(wire, incoming.model, relay)
+
+            if run.reopened:  # its request is logged and counted: the reply is what is owed
+                run.reopened = False
+                reply = await on_the_clock(f.state, send(Request([], [], {}, f.state.deadline(),
+                                                                 f.state.ledger.model_requests,
+                                                                 f.state.max_tokens()), None))
+                f.reply(reply)
+            else:
+                reply = await f.model_request(send, lambda r: r)
+            return await self.settle(run, reply)
+        except FenceStop as exc:
+            return self.stop_answer(run, exc.stop)
+        except StopError as exc:  # the upstream, for a reopened request
+            return self.stop_answer(run, f.finish(exc.stop).stop)
+        except Exception:
+            if f.result is not None:  # what the model request raised ended the run (endpoint_error)
+                return self.stop_answer(run, f.result.stop)
+            raise
+
+    async def settle(self, run: WireRun, reply: Reply) -> Answer:
+        """The answer to a checked reply: the final answer (the run ends), the stop, or the reply with
+        the calls the guards allow. Raises FenceStop."""
+        f = run.fenced
+        if f.answer is not None:  # no calls: the run ends here
+            result = f.finish()
+            if result.stop.reason is StopReason.FINAL_ANSWER:
+                return self.reply_answer(run, reply, [])
+            return self.stop_answer(run, result.stop)
+        released, stop = precheck(f)
+        if stop is not None and not released:
+            await self._refuse(f)  # raises the stop
+        run.held = {c.call.id for c in (f.turn.calls if f.turn else [])} - {c.call.id for c in released}
+        return self.reply_answer(run, reply, [c.call for c in released])
+
+    async def _results(self, run: WireRun, incoming: Incoming) -> None:
+        """The results the request's tool messages carry, for the calls of the last reply, in its order."""
+        f = run.fenced
+        turn = f.turn
+        if turn is None:
+            return
+        given = {m["tool_call_id"]: text_of(m.get("content")) for m in incoming.since(incoming.last_assistant())
+                 if m.get("role") == "tool"}
+        for c in list(turn.calls):
+            cid = c.call.id
+            if cid in given:
+                await f.call(cid, value_of(given.pop(cid)))
+            elif cid in run.held:
+                await f.call(cid, value_of(_NOT_SENT))
+        run.held = set()  # calls the client never answered: the next request's end_turn says not_executed
+
+    async def _refuse(self, f: FencedRun) -> None:
+        """The reply's calls through the real guards until the stop (none of them is run)."""
+        for c in list(f.turn.calls if f.turn else []):
+            await f.call(c.call.id, value_of(_NOT_SENT))
+        raise AssertionError("the guards refused on the copy but not on the run")  # pragma: no cover
+
+    def reply_answer(self, run: WireRun, reply: Reply, calls: Any) -> Answer:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if calls:
+            message["tool_calls"] = [c.to_wire() for c in calls]
+        raw = reply.raw if isinstance(reply.raw, dict) else {}
+        usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else None
+        if usage is None and reply.usage is not None:  # a streamed reply: its usage chunk, as read
+            p, c = reply.usage.prompt_tokens or 0, reply.usage.completion_tokens or 0
+            usage = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        finish = "tool_calls" if calls else ("stop" if reply.tool_calls else reply.finish_reason or "stop")
+        return Answer(run.id, self._ident(run), str(raw.get("model") or run.model), message, finish, usage,
+                      created=raw["created"] if isinstance(raw.get("created"), int) else int(time.time()))
+
+    def stop_answer(self, run: WireRun, stop: Stop | None) -> Answer:
+        if run.stopped is None:
+            stop = stop or Stop(StopReason.INTERNAL_ERROR, "the run ended")
+            run.stopped = Answer.stopped(run.id, self._ident(run), run.model, stop, self.settings.on_stop == "error")
+        return run.stopped
+
+    def _ident(self, run: WireRun) -> str:
+        return f"chatcmpl-lf-{run.id[:24]}-{run.fenced.state.ledger.model_requests}"
+
+
+def value_of(content: str) -> Callable[[], Any]:
+    async def value() -> str:
+        return content
+    return value
+
+
+def _shared(guards: Any) -> dict[int, Any]:
+    """A deepcopy memo that keeps the guards that cannot be copied (the untrusted-content gate: its
+    hook may hold a lock) as they are: the copy's other guards are its own."""
+    memo: dict[int, Any] = {}
+    for g in guards.guards:
+        try:
+            copy.deepcopy(g)
+        except TypeError:
+            memo[id(g)] = g
+    return memo
+
+
+def precheck(f: FencedRun) -> tuple[list[Any], Stop | None]:
+    """The reply's calls through a copy of the run's guards, in the ring's order, as if each one
+    allowed ran: (the calls to release, the stop the first refused call would get, or None). Calls
+    refused without a stop (a duplicate in one reply) are not released either."""
+    turn, s = f.turn, f.state
+    if turn is None:
+        return [], None
+    sim = copy.deepcopy(f.guards, _shared(f.guards))
+    saved = (s.log, s.ledger.tool_executions, s.warning)
+    s.log = None  # the copy writes nothing
+    released = []
+    try:
+        for c in turn.calls:
+            verdict = sim.before_execution(s, c, False)
+            if inspect.isawaitable(verdict):  # an approval that waits: the real pass asks
+                if inspect.iscoroutine(verdict):
+                    verdict.close()
+                verdict = None
+            if isinstance(verdict, Stop):
+                return released, verdict
+            if verdict is None:
+                released.append(c)
+                s.ledger.tool_executions += 1
+                sim.after_execution(s, c, ToolResult("", True))
+    finally:
+        s.log, s.ledger.tool_executions, s.warning = saved
+    return released, None

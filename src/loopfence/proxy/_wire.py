@@ -1,0 +1,259 @@
+"""The client's side of the wire: a Chat Completions request checked field by field, and the digests
+that tell which run it belongs to.
+
+`parse(body)` turns the raw JSON body into an `Incoming` or raises `BadRequest` naming the field
+(OpenAI's own error shape: `{"error": {"message", "type": "invalid_request_error", "param", "code"}}`),
+before anything is forwarded. `digests` chain the conversation one message at a time (each message
+reduced to what a client keeps of it: role, text, calls, the call answered), so a request that
+extends a run is found by the digest of its messages up to its last assistant message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._json import canonical_json
+
+__all__ = ["BadRequest", "Incoming", "parse", "chain", "message_digest", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
+
+MAX_MESSAGES = 4096  # a conversation longer than this is refused (no agent loop gets near it)
+MAX_TOOLS = 512
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# Chat Completions fields (OpenAI's, and the sampling fields llama.cpp and vLLM servers take): anything
+# else is refused, naming it, as OpenAI refuses an unrecognized argument.
+KNOWN_FIELDS = frozenset({
+    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options",
+    "temperature", "top_p", "n", "stop", "max_tokens", "max_completion_tokens", "presence_penalty",
+    "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "user", "seed", "response_format",
+    "metadata", "store", "service_tier", "reasoning_effort", "modalities", "prediction", "verbosity",
+    "safety_identifier", "prompt_cache_key", "top_k", "min_p", "typical_p", "repeat_penalty",
+    "repetition_penalty", "repeat_last_n", "cache_prompt", "grammar", "json_schema", "mirostat",
+    "mirostat_tau", "mirostat_eta", "n_predict", "chat_template_kwargs", "extra_body",
+})
+_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "typical_p",
+            "repeat_penalty", "repetition_penalty")
+_COUNTS = ("max_tokens", "max_completion_tokens", "seed", "top_logprobs", "top_k", "n_predict")
+
+
+class BadRequest(ValueError):
+    """A request refused before anything is forwarded: HTTP `status` (400, 413), the field (`param`)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": "invalid_request_error", "param": self.param,
+                          "code": None}}
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One checked request: its messages and tools as sent, the other fields (`params`), whether it
+    streams, and its digests: `prefix[i]` chains messages[0..i]; `whole` is the request's own (a retry
+    has the same)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    params: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    model: str | None
+    prefix: list[str] = field(repr=False)
+    whole: str = ""
+
+    def last_assistant(self) -> int | None:
+        """The index of the last assistant message, or None."""
+        return next((i for i in range(len(self.messages) - 1, -1, -1)
+                     if self.messages[i].get("role") == "assistant"), None)
+
+    def since(self, index: int | None) -> list[dict[str, Any]]:
+        """The messages after `index` (all of them for None)."""
+        return self.messages[(index + 1) if index is not None else 0:]
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def _arguments(raw: Any) -> str:
+    """A call's arguments as canonical JSON (clients re-serialize them: spaces, key order), else as sent."""
+    if not raw:
+        return "{}"
+    try:
+        return canonical_json(json.loads(raw))
+    except (TypeError, ValueError):
+        return str(raw)
+
+
+def message_digest(m: dict[str, Any]) -> str:
+    """What a client keeps of a message, canonical: role, text, calls (id, name, arguments), the call answered."""
+    calls = [[c.get("id"), (c.get("function") or {}).get("name"), _arguments((c.get("function") or {}).get("arguments"))]
+             for c in m.get("tool_calls") or []]
+    kept = [m.get("role"), _text(m.get("content")), calls, m.get("tool_call_id")]
+    return canonical_json(kept)
+
+
+def chain(previous: str, m: dict[str, Any]) -> str:
+    """The digest of a conversation one message longer."""
+    return hashlib.sha256(f"{previous}\n{message_digest(m)}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def parse(body: Any) -> Incoming:
+    """The request checked: BadRequest naming the first field that is wrong."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"the request body must be a JSON object, got {_kind(body)}")
+    unknown = sorted(k for k in body if k not in KNOWN_FIELDS)
+    if unknown:
+        raise BadRequest(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty array", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"too many messages: {len(messages)} (at most {MAX_MESSAGES})", "messages")
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise BadRequest(f"tools must be an array, got {_kind(tools)}", "tools")
+    _check_tools(tools)
+    _check_messages(messages)
+    _check_params(body)
+    _check_choice(body.get("tool_choice"), {t["function"]["name"] for t in tools})
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest(f"stream_options must be an object, got {_kind(options)}", "stream_options")
+    prefix, d = [], ""
+    for m in messages:
+        d = chain(d, m)
+        prefix.append(d)
+    params = {k: v for k, v in body.items() if k not in ("messages", "tools", "stream", "stream_options")}
+    whole = hashlib.sha256(canonical_json(
+        {k: v for k, v in body.items() if k not in ("stream", "stream_options")}).encode(
+        "utf-8", "surrogatepass")).hexdigest()[:32]
+    model = body.get("model")
+    return Incoming(messages, tools, params, body.get("stream") is True,
+                    bool(options and options.get("include_usage")), model if isinstance(model, str) else None,
+                    prefix, whole)
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def _check_params(body: dict[str, Any]) -> None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"model must be a string, got {_kind(model)}", "model")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest(f"stream must be a boolean, got {_kind(body['stream'])}", "stream")
+    for name in _NUMBERS:
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise BadRequest(f"{name} must be a number, got {_kind(v)}", name)
+    for name in _COUNTS:
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "seed" else 1)):
+            raise BadRequest(f"{name} must be a positive integer, got {v!r}"[:200], name)
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise BadRequest(f"n must be 1 (the fence follows one conversation), got {n!r}"[:200], "n")
+
+
+def _check_choice(choice: Any, names: set[str]) -> None:
+    """tool_choice: "none", "auto", "required", or a declared function by name."""
+    if choice is None or choice in ("none", "auto", "required"):
+        return
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise BadRequest("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                         "\"function\": {\"name\": ...}}", "tool_choice")
+    if name not in names:
+        raise BadRequest(f"tool_choice names the function {name!r}, which tools does not declare"[:300], "tool_choice")
+
+
+def _check_tools(tools: list[Any]) -> None:
+    if len(tools) > MAX_TOOLS:
+        raise BadRequest(f"too many tools: {len(tools)} (at most {MAX_TOOLS})", "tools")
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+            raise BadRequest(f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}", where)
+        fn = t["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest(f"{where}.function.name must be a non-empty string", f"{where}.function.name")
+        if name in seen:
+            raise BadRequest(f"{where}.function.name {name!r} is declared twice", f"{where}.function.name")
+        seen.add(name)
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise BadRequest(f"{where}.function.parameters must be an object", f"{where}.function.parameters")
+
+
+def _check_content(m: dict[str, Any], where: str, nullable: bool) -> None:
+    content = m.get("content")
+    if content is None and nullable:
+        return
+    if isinstance(content, str):
+        return
+    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content):
+        return
+    raise BadRequest(f"{where}.content must be a string or an array of content parts, got {_kind(content)}",
+                     f"{where}.content")
+
+
+def _check_messages(messages: list[Any]) -> None:
+    open_calls: set[str] = set()  # the ids of the last assistant message's calls not answered yet
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"{where} must be an object, got {_kind(m)}", where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}"[:300],
+                             f"{where}.role")
+        if role == "assistant":
+            open_calls = _check_calls(m, where)
+            _check_content(m, where, nullable=True)
+        elif role == "tool":
+            _check_content(m, where, nullable=False)
+            cid = m.get("tool_call_id")
+            if not isinstance(cid, str):
+                raise BadRequest(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
+            if cid not in open_calls:
+                raise BadRequest(f"{where}.tool_call_id {cid!r} answers no tool call of the assistant message "
+                                 "before it (or answers it twice)"[:300], f"{where}.tool_call_id")
+            open_calls.discard(cid)
+        else:
+            _check_content(m, where, nullable=False)
+
+
+def _check_calls(m: dict[str, Any], where: str) -> set[str]:
+    calls = m.get("tool_calls")
+    if calls is None:
+        return set()
+    if not isinstance(calls, list):
+        raise BadRequest(f"{where}.tool_calls must be an array", f"{where}.tool_calls")
+    ids: set[str] = set()
+    for j, c in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(c.get("id"), str) or not c["id"]:
+            raise BadRequest(f"{at} must have a string id and a function object", at)
+        if not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments", ""), str):
+            raise BadRequest(f"{at}.function must have a string name and string arguments", f"{at}.function")
+        if c["id"] in ids:
+            raise BadRequest(f"{at}.id {c['id']!r} is used twice in one message"[:300], f"{at}.id")
+        ids.add(c["id"])
+    return ids
