@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from ._aio import run_sync
+from ._conversation import Task
 from ._loop import RunSettings, arun_with
 from ._stops import RunResult
 from ._log._schema import LogEvent, StopLine
@@ -60,7 +61,7 @@ they arrive (`isinstance(event, TextDelta)`, or `event.event == "text_delta"`).
     stop (a second Ctrl-C raises KeyboardInterrupt). A stream is iterated once, one way or the other.
     """
 
-    def __init__(self, task: str, settings: RunSettings, bridge: Bridge[Any] = _fresh_loop) -> None:
+    def __init__(self, task: Task, settings: RunSettings, bridge: Bridge[Any] = _fresh_loop) -> None:
         settings = RunSettings(settings)
         also = settings.pop("on_event", None)  # the caller's own callback: called too, as events are queued
         if also is not None and (inspect.iscoroutinefunction(also) or not callable(also)):
