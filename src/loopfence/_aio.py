@@ -251,7 +251,7 @@ class KeptLoop:
         try:
             if self._runner is None:
                 self._runner = asyncio.Runner()
-                weakref.finalize(self, self._runner.close)  # never closed: its loop, at least
+                weakref.finalize(self, _shut, self._runner)  # never closed: its loop, at least
             return run_sync(make(), self._runner)
         finally:
             self._lock.release()
@@ -261,22 +261,26 @@ class KeptLoop:
         when called from async code: the loop cannot run on a thread running another)."""
         with self._lock:
             runner, self._runner = self._runner, None
-        if runner is None:
-            return
+        if runner is not None:
+            _shut(runner, last)
 
-        def shut() -> None:
-            try:
-                if last is not None:
-                    runner.run(last())
-            finally:
-                runner.close()
 
-        if loop_running():
-            helper = threading.Thread(target=shut, name="loopfence-loop-close")
-            helper.start()
-            helper.join()
-        else:
-            shut()
+def _shut(runner: asyncio.Runner, last: Callable[[], Coroutine[Any, Any, Any]] | None = None) -> None:
+    """Run `last()` on the runner's loop, then close it; on a helper thread when a loop is running
+    on this one (a loop cannot run on a thread running another: an agent dropped in async code)."""
+    def shut() -> None:
+        try:
+            if last is not None:
+                runner.run(last())
+        finally:
+            runner.close()
+
+    if loop_running():
+        helper = threading.Thread(target=shut, name="loopfence-loop-close")
+        helper.start()
+        helper.join()
+    else:
+        shut()
 
 
 def loop_running() -> bool:
