@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, list[str]]] = [
               "_prices", "_conversation"]),
     ("contract/tools/models/log", ["_contract", "_answer", "_compact", "tools", "models", "_log", "mcp", "_hooks"]),
     ("state/guards", ["_state", "_guards", "_gate"]),
-    ("loop", ["_loop", "_steps", "_stream"]),
+    ("loop", ["_loop", "_setup", "_steps", "_stream"]),
     ("drivers", ["_drivers", "_batch", "_agent", "integrations", "proxy"]),
     ("observers", ["otel", "_report"]),
     ("entry", ["", "__main__", "cli", "_commands", "drill", "testing", "runlog"]),

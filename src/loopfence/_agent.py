@@ -34,7 +34,7 @@ from ._guards import Guard
 from ._limits import Limits, Policy
 from ._loop import LogArg, RunSettings, Settings, arun_with, check_model, check_price, to_stop
 from ._prices import PricesArg
-from ._steps import config_of
+from ._setup import config_of
 from ._stops import RunResult
 from ._stream import RunStream
 from .models._base import Model

@@ -25,9 +25,9 @@ from ._limits import Limits, Policy
 from ._messages import Reply, Request
 from ._prices import PricesArg
 from ._state import RunState
-from ._steps import (announce, close_reply, deliver_note, describe_model, end_turn, finish, new_state,
-                     on_the_clock, open_request, past_the_clock, run_call, set_price, settle, settle_contract,
-                     start)
+from ._setup import describe_model, new_state, set_price, start
+from ._steps import (announce, close_reply, deliver_note, end_turn, finish, on_the_clock, open_request,
+                     past_the_clock, run_call, settle, settle_contract)
 from ._stops import RunResult, Stop, StopError, StopReason
 from .models._base import ON_RETRY, Model
 from ._log._schema import LastAnswerLine, LogEvent, RetryLine

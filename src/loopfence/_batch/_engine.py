@@ -32,7 +32,7 @@ from .._aio import run_sync
 from .._json import dumps, loads
 from .._limits import Limits, Policy
 from .._loop import check_price
-from .._steps import config_of
+from .._setup import config_of
 from .._prices import PriceError, PricesArg, load_prices
 from .._stops import StopReason
 from .._drivers._resume import resume

@@ -7,6 +7,7 @@
 importing this package imports no framework; each framework's module imports its own.
 """
 
-from ._fence import Fence, FencedRun, FenceStop
+from ._config import Fence
+from ._fence import FencedRun, FenceStop
 
 __all__ = ["Fence", "FencedRun", "FenceStop"]

@@ -56,7 +56,8 @@ from .._messages import Reply, Request
 from .._log._reader import read_log
 from .._log._schema import ReplyLine
 from .._stops import Stop
-from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
+from ._config import Fence, Fenced
+from ._fence import FencedRun, FenceStop, framework_limit, versions
 
 try:  # which run is asking: the runner's per-run owner of its models (None where it is not given)
     from agents.models._run_context import get_model_run_owner

@@ -58,7 +58,8 @@ from .._stops import Stop
 from ..tools._registry import Tool
 from .._log._reader import read_log
 from .._log._schema import ReplyLine
-from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
+from ._config import Fence, Fenced
+from ._fence import FencedRun, FenceStop, framework_limit, versions
 
 __all__ = ["FenceMiddleware", "LangChainFenceStop", "LangChainToolError", "to_reply", "scripted_model",
            "recorded_model", "FRAMEWORK"]

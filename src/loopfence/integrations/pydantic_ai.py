@@ -51,7 +51,8 @@ from .._messages import Reply, Request
 from .._log._reader import read_log
 from .._log._schema import ReplyLine
 from .._stops import Stop
-from ._fence import Fence, Fenced, FencedRun, FenceStop, framework_limit, versions
+from ._config import Fence, Fenced
+from ._fence import FencedRun, FenceStop, framework_limit, versions
 
 __all__ = ["FenceCapability", "PydanticAIFenceStop", "recorded_model", "to_reply", "FRAMEWORK"]
 

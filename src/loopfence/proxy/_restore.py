@@ -28,7 +28,8 @@ from .._log._writer import RunLog
 from .._messages import Reply
 from .._stops import Stop, StopReason
 from .._drivers._rebuild import limits_of, policy_of
-from ..integrations._fence import Fence, FenceStop, versions
+from ..integrations._config import Fence
+from ..integrations._fence import FenceStop, versions
 from ._answer import Answer
 from ._runs import FRAMEWORK, NOTES, Runs, WireRun, precheck, value_of
 

@@ -42,7 +42,8 @@ from .._limits import Limits, Policy
 from .._messages import Reply, Request
 from .._steps import on_the_clock
 from .._stops import Stop, StopError, StopReason
-from ..integrations._fence import Fence, FencedRun, FenceStop, versions
+from ..integrations._config import Fence
+from ..integrations._fence import FencedRun, FenceStop, versions
 from ..tools._executor import ToolResult
 from ..tools._registry import ToolKind
 from ._answer import Answer
