@@ -83,10 +83,10 @@ class Fence:
 
 
 def client_loop(fence: Fence, name: str, ws: Workspace, tag: str, *, kill_at: int | None = None,
-                mid_request: bool = False, turns: int = 40) -> Ended:
+                mid_request: bool = False, turns: int = 40, headers: dict[str, str] | None = None) -> Ended:
     """The script's conversation over plain HTTP, tools run for real; with `kill_at`, the proxy is killed
     -9 before that turn's request (between requests) or while it is in flight (`mid_request`), then
-    restarted, and the request that broke is sent again."""
+    restarted, and the request that broke is sent again. `headers`: sent with every request."""
     schemas = [tool(fn).schema() for fn in ws.tools.values()]
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Use the tools."},
                                       {"role": "user", "content": task(name, tag)}]
@@ -100,12 +100,14 @@ def client_loop(fence: Fence, name: str, ws: Workspace, tag: str, *, kill_at: in
             killer.start()
         body = {"model": "fake", "messages": messages, "tools": schemas}
         try:
-            response = httpx.post(f"{fence.proxy.base_url}/chat/completions", json=body, timeout=HOLD_S)
+            response = httpx.post(f"{fence.proxy.base_url}/chat/completions", json=body, timeout=HOLD_S,
+                                  headers=headers)
         except httpx.TransportError:  # the proxy died with our request in flight: the same request again
             assert turn == kill_at and mid_request
             fence.restart()
             ended.kills += 1
-            response = httpx.post(f"{fence.proxy.base_url}/chat/completions", json=body, timeout=HOLD_S)
+            response = httpx.post(f"{fence.proxy.base_url}/chat/completions", json=body, timeout=HOLD_S,
+                                  headers=headers)
         assert response.status_code == 200, response.text
         ended.runs.add(response.headers["x-loopfence-run"])
         message = response.json()["choices"][0]["message"]
@@ -201,6 +203,25 @@ def test_a_run_goes_on_after_kill_9_and_restart(fence: Fence, uninterrupted: dic
                                                            for n, a, m in TRIALS])
 def test_twenty_kill_9_trials(fence: Fence, uninterrupted: dict[str, Ended], name: str, at: int, mid: bool) -> None:
     _trial(fence, uninterrupted, name, at, mid)
+
+
+def test_a_finished_run_with_the_same_conversation_does_not_take_over_after_a_restart(tmp_path: Path) -> None:
+    """Two clients send the same conversation: the first run finishes (named by the header "zzzz-twin",
+    so the restart reads its log after the other's), the second is killed between two requests. After
+    the restart the second run goes on under its own id, with the counts of the first."""
+    with HeldServer() as upstream:
+        fence = Fence(upstream, tmp_path)
+        try:
+            with Workspace() as ws:
+                first = client_loop(fence, "ping_pong", ws, "twin", headers={"X-Loopfence-Run": "zzzz-twin"})
+            with Workspace() as ws:
+                ended = client_loop(fence, "ping_pong", ws, "twin", kill_at=2)
+        finally:
+            fence.close()
+    assert first.runs == {"zzzz-twin"} and ended.runs != first.runs
+    assert (ended.answer, ended.turns, ended.executions, ended.kills) == (first.answer, first.turns, first.executions, 1)
+    assert _finished_log(fence, ended)[1] == _finished_log(fence, first)[1]
+    assert len(logs_in(fence.logs)) == 2
 
 
 def test_every_log_reconciles(fence: Fence, uninterrupted: dict[str, Ended]) -> None:

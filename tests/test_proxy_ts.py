@@ -8,6 +8,9 @@ minimum without the cache: 2, 2, at most 6, 0, 0, and at most 6 for the ping-pon
 the same call is the one refused); the stop reaches the loop as a model's last answer (no tool calls)
 naming the reason, so the loop ends as it ends on any answer. The four legitimate scripts reach their
 answers. Every log the proxy leaves reconciles and replays.
+
+With no --upstream the proxy answers from the embedded model (SmolLM2 in llama.cpp, in-process): seed
+003's task through the same loop ends with a named stop, and its log reconciles (marked local_model).
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import shutil
+
 import pytest
 
 from loopfence.runlog import read_log
 
+from _local_support import SAMPLE_TASK, SAMPLE_WORKSPACE, needs_local_model, read_valid_log
 from _proxy_support import (Proxy, ScriptServer, kinds_file, logs_in, node_modules, reconciles, replays, run_loop,
                             seed_workspace, stops_at_the_minimum, task)
 from bench.scripts import HONEST, RUNAWAY  # _proxy_support put the root on sys.path
@@ -90,3 +96,26 @@ def test_every_log_the_proxy_left_reconciles_and_replays(fence: Any) -> None:
     for log in logs:
         reconciles(log)
         replays(log)
+
+
+@pytest.mark.local_model
+@pytest.mark.skipif(needs_local_model[1].args[0], reason=needs_local_model[1].kwargs["reason"])
+def test_the_embedded_default_ends_seed_003s_task_named(tmp_path: Path) -> None:
+    """`loopfence proxy` with no --upstream (the embedded model), seed 003's task ("Make a note from
+    pages/tl-intro.html") through the TypeScript loop: the loop ends on an answer (the model's, or the
+    stop naming its reason), the run's log ends with one named stop, and it reconciles."""
+    node_modules()
+    ws = tmp_path / "ws"
+    shutil.copytree(SAMPLE_WORKSPACE, ws)
+    logs = tmp_path / "logs"
+    with Proxy("--logs", str(logs), stderr=tmp_path / "proxy.err") as proxy:
+        assert "(upstream: embedded)" in proxy.line, proxy.line
+        out = run_loop(proxy.base_url, ws, SAMPLE_TASK)
+    assert out["rc"] == 0 and out["run"], out  # the loop's stop gate: an answer with no tool calls
+    assert [p.name for p in logs_in(logs)] == [f"{out['run']}.jsonl"]  # the one run, one log
+    log = logs / f"{out['run']}.jsonl"
+    stop = read_valid_log(log)[-1]
+    assert out["stop"] == (None if stop["reason"] == "final_answer" else stop["reason"]), (out, stop)
+    assert 0 < stop["ledger"]["model_requests"] <= out["turns"], (out, stop)  # the last may be a stop's answer
+    assert read_log(log).header.raw["proxy"]["upstream"] == "embedded"
+    reconciles(log)

@@ -41,13 +41,27 @@ async def restore(runs: Runs) -> int:
     logs = runs.settings.logs
     if logs is None or not logs.is_dir():
         return 0
-    n = 0
+    folded = []
     for path in sorted(logs.glob("*.jsonl")):
         try:
-            if await _restore_one(runs, path):
-                n += 1
+            one = await _restore_one(runs, path)
         except (LogError, ValueError, KeyError, TypeError):  # not a proxy run we can continue: left as it is
             continue
+        if one is not None:
+            folded.append((not one[0].fenced.finished, path.stat().st_mtime_ns, one))
+    # Two runs may have reached the same conversation (two clients sending the same one): as when
+    # live, the run that reached it last owns it, and a run still going wins over a finished one.
+    folded.sort(key=lambda x: x[:2])
+    n = 0
+    for _, _, (run, notes, last_reply, named) in folded:
+        if run.id in runs.runs:  # one run, one log: a copy of it is left as it is
+            continue
+        try:
+            _answers(runs, run, notes, last_reply)
+        except (ValueError, KeyError, TypeError):  # notes we cannot read: the run is not continued
+            continue
+        runs.add(run, named)
+        n += 1
     return n
 
 
@@ -70,16 +84,17 @@ def _notes(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-async def _restore_one(runs: Runs, path: Path) -> bool:
+async def _restore_one(runs: Runs, path: Path) -> tuple[WireRun, list[dict[str, Any]], Reply | None, Any] | None:
+    """The run logged at `path` folded back (its notes, the last reply logged, its name), or None."""
     log = read_log(path, tolerant=True)
     h = log.header
     framework = h.raw.get("framework")
     proxy = h.raw.get("proxy")
     if not (isinstance(framework, dict) and framework.get("name") == FRAMEWORK and isinstance(proxy, dict)):
-        return False
+        return None
     rid = str(proxy["run"])
     if rid in runs.runs:
-        return False
+        return None
     notes_path = path.parent / NOTES / f"{rid}.jsonl"
     notes = _notes(notes_path)
     start = next((n["start"] for n in notes if "start" in n), {})
@@ -116,9 +131,7 @@ async def _restore_one(runs: Runs, path: Path) -> bool:
         f.log = f.state.log = live
         f.state.t0 = live.t0
         run.reopened = last_reply is None and f.state.ledger.model_requests > 0 and log.events[-1].kind == "request"
-    _answers(runs, run, notes, last_reply)
-    runs.add(run, start.get("named"))
-    return True
+    return run, notes, last_reply, start.get("named")
 
 
 def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: Reply | None) -> None:
