@@ -172,7 +172,7 @@ def _finished_log(fence: Fence, ended: Ended) -> tuple[Path, dict[str, Any]]:
     assert run.stop is not None
     counts = {k: run.stop.ledger[k] for k in COUNTS}
     for kind in ("request", "reply"):
-        steps = [e.raw["step"] for e in run.events if e.raw["event"] == kind]
+        steps = [e.step for e in run.events if e.event == kind]
         assert steps == list(range(1, counts["model_requests"] + 1)), (kind, steps)
     assert counts["model_requests"] in (ended.turns, ended.turns - 1)  # the last: answered by a stop, or forwarded
     assert counts["tool_executions"] == ended.executions

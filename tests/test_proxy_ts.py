@@ -117,5 +117,5 @@ def test_the_embedded_default_ends_seed_003s_task_named(tmp_path: Path) -> None:
     stop = read_valid_log(log)[-1]
     assert out["stop"] == (None if stop["reason"] == "final_answer" else stop["reason"]), (out, stop)
     assert 0 < stop["ledger"]["model_requests"] <= out["turns"], (out, stop)  # the last may be a stop's answer
-    assert read_log(log).header.raw["proxy"]["upstream"] == "embedded"
+    assert read_log(log).header.record["proxy"]["upstream"] == "embedded"
     reconciles(log)

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._log._events import LogError
+from .._log import LogError
+from .._log._schema import ReplyLine, RequestLine, ResultLine, StopLine
 from .._log._reader import read_log
 from .._log._writer import RunLog
 from .._messages import Reply
@@ -88,8 +89,8 @@ async def _restore_one(runs: Runs, path: Path) -> tuple[WireRun, list[dict[str, 
     """The run logged at `path` folded back (its notes, the last reply logged, its name), or None."""
     log = read_log(path, tolerant=True)
     h = log.header
-    framework = h.raw.get("framework")
-    proxy = h.raw.get("proxy")
+    framework = h.record.get("framework")
+    proxy = h.record.get("proxy")
     if not (isinstance(framework, dict) and framework.get("name") == FRAMEWORK and isinstance(proxy, dict)):
         return None
     rid = str(proxy["run"])
@@ -101,8 +102,8 @@ async def _restore_one(runs: Runs, path: Path) -> tuple[WireRun, list[dict[str, 
     if log.torn_bytes:
         os.truncate(path, log.complete_bytes)
     p = str(path)
-    fence = Fence(limits=limits_of(h, p), policy=policy_of(h, p), kinds={s.name: s.kind for s in h.tools})
-    tools = [fence.tool(s.name, s.parameters, s.description) for s in h.tools]
+    fence = Fence(limits=limits_of(h, p), policy=policy_of(h, p), kinds={s.name: s.kind for s in h.specs})
+    tools = [fence.tool(s.name, s.parameters, s.description) for s in h.specs]
     model = str(start.get("model") or (h.model.get("model") if isinstance(h.model, dict) else "") or "")
     f = fence.start(h.task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=h.system,
                     header={"proxy": proxy})
@@ -110,27 +111,26 @@ async def _restore_one(runs: Runs, path: Path) -> tuple[WireRun, list[dict[str, 
     run = WireRun(rid, f, start.get("owner"), model, log=p, notes=notes_path)
     last_reply, last_t = None, 0.0
     for e in log.events:
-        raw, last_t = e.raw, e.t
+        last_t = e.t
         try:
-            if e.kind == "request":
+            if isinstance(e, RequestLine):
                 await f.before_request()
                 last_reply = None
-            elif e.kind == "reply":
-                last_reply = Reply.from_response(raw["raw"], complete=bool(raw.get("complete", True)),
-                                                 problem=str(raw.get("problem") or ""))
+            elif isinstance(e, ReplyLine):
+                last_reply = e.reply()
                 f.reply(last_reply)
-            elif e.kind == "result" and raw.get("decision") not in ("rejected",) and \
-                    raw.get("error") != "not_executed" and not f.finished:
-                await f.call(str(raw["tool_call_id"]), value_of(str(raw.get("content") or "")))
-            elif e.kind == "stop" and not f.finished:
-                f.finish(Stop(StopReason(raw["reason"]), str(raw.get("detail") or ""), raw.get("data") or {}))
+            elif isinstance(e, ResultLine) and e.decision != "rejected" and e.error != "not_executed" \
+                    and not f.finished:
+                await f.call(e.tool_call_id, value_of(e.content))
+            elif isinstance(e, StopLine) and not f.finished:
+                f.finish(Stop(e.reason, e.detail, e.data))
         except FenceStop:
             pass
     if not f.finished:  # the file goes on from here, the clock where it stopped
         live = RunLog(p, append=True, seq=log.next_seq, t0=time.monotonic() - last_t)
         f.log = f.state.log = live
         f.state.t0 = live.t0
-        run.reopened = last_reply is None and f.state.ledger.model_requests > 0 and log.events[-1].kind == "request"
+        run.reopened = last_reply is None and f.state.ledger.model_requests > 0 and isinstance(log.events[-1], RequestLine)
     return run, notes, last_reply, start.get("named")
 
 
