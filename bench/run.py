@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.pop("OPENAI_API_KEY", None)  # nothing here may reach a real endpoint (or trace exporter)
 
 from bench.frameworks import ALL, available  # noqa: E402
-from bench.report import Section, machine, table  # noqa: E402
+from bench.report import Section, load_average, machine, table  # noqa: E402
 from bench.sections import SECTIONS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         sections.append(_run_section(name, frameworks, args.quick))
         print(f"[bench] {name} done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
-    load = machine()["load average at start"]
+    load = load_average()
     text = "\n\n".join([header, *(f"## {s.title}\n\n{s.markdown}" for s in sections),
                         f"_Total bench time: {time.monotonic() - started:.0f} s; load average at the "
                         f"end: {load} on {os.cpu_count()} cores (shared machines make timings noisy)._\n"])

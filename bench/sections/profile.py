@@ -9,7 +9,7 @@ from ..scripts import overhead_script
 
 MAX_LINES = 25  # the functions with the most self time
 # asyncio.run(arun(...)) with an async tool: the ring, the model and the tool all run on this thread
-# (run() drives the ring on a runner thread of its own, which a sampler of this thread would miss)
+# (with a sync tool, each call runs on a worker thread, which a sampler of this thread would miss)
 PROFILED = {"entry": "arun", "async_tools": True}
 
 
