@@ -67,7 +67,8 @@ def start(task: Task, model: Any, tools: Iterable[Tool] | Registry, limits: Limi
     state.run_id = uuid.uuid4().hex  # sent with each request (Request.run_id)
     runlog.write(HeaderLine(
         format=FORMAT, version=VERSION, run_id=state.run_id, started_at=datetime.now(timezone.utc).isoformat(),
-        task=text, system=system, **({"messages": messages} if conversation else {}), limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
+        task=text, system=system, **({"messages": messages} if conversation else {}),
+        limits=state.limits.to_json(), policy=state.policy.to_json(), params=state.params,
         tools=[{"kind": str(t.kind), "untrusted": t.untrusted, "privileged": t.privileged,
                 **({"arguments": "signature"} if t.args_model is not None else {}), **t.schema()} for t in registry],
         model=described, gate=gate.describe(), compaction=state.compaction.to_json(),
