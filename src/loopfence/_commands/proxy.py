@@ -39,6 +39,14 @@ def add_parser(sub: Any) -> None:
                    "HTTP 400 with an OpenAI-style error body, the stop as its code (not retried by the SDKs)")
     p.add_argument("--kinds", metavar="FILE.toml", help="tool kinds: `name = \"poll\"` (exempt from "
                    "repetition rules) or \"side_effect\" (the default)")
+    p.add_argument("--state", metavar="URL", help="where run state lives: redis://HOST:PORT/N shares it between "
+                   "replicas behind one load balancer (the redis extra; run Redis with appendonly yes, appendfsync "
+                   "always); default: in this process")
+    p.add_argument("--expire-after", metavar="SECONDS", type=float, default=86400.0,
+                   help="forget a run idle this long (its log stays; default 86400, a day)")
+    p.add_argument("--lease", metavar="SECONDS", type=float, default=30.0,
+                   help="with --state: how long a replica killed mid-request holds its run before another "
+                   "replica may take it over (renewed while a request is at work; default 30)")
     p.add_argument("--key", metavar="KEY", action="append", default=[],
                    help="a client key (repeatable): clients then send Authorization: Bearer KEY, and each "
                    "sees only its own runs")
@@ -59,11 +67,18 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0-65535, got {args.port}")
+    if not args.expire_after > 0:
+        raise UsageError(f"--expire-after must be a number of seconds over 0, got {args.expire_after}")
+    if not args.lease > 0:
+        raise UsageError(f"--lease must be a number of seconds over 0, got {args.lease}")
+    if args.state is not None and not args.state.startswith(("redis://", "rediss://", "unix://")):
+        raise UsageError(f"--state must be a redis://HOST:PORT/N URL (or rediss://, unix://), got {args.state!r}")
+    settings = Settings(limits=limits, kinds=kinds, on_stop=args.on_stop, logs=Path(args.logs),
+                        expire_after=args.expire_after)
     try:
-        proxy = Proxy(args.upstream, Settings(limits=limits, kinds=kinds, on_stop=args.on_stop,
-                                              logs=Path(args.logs)), keys=args.key)
+        proxy = Proxy(args.upstream, settings, keys=args.key, state=args.state, lease=args.lease)
     except ValueError as exc:
-        raise UsageError(f"--upstream: {exc}") from None
+        raise UsageError(str(exc) if str(exc).startswith("--state") else f"--upstream: {exc}") from None
     where = proxy.upstream.describe()
 
     def announce(url: str) -> None:

@@ -24,7 +24,7 @@ from ._errors import LogError, problem
 from ._schema import EVENT_KINDS, FORMAT, READS_VERSIONS, VERSION, HeaderLine, LogEvent, StopLine, parse_line
 from ._segments import joined
 
-__all__ = ["RunLogFile", "read_log", "LogError", "MAX_LOG_BYTES"]
+__all__ = ["RunLogFile", "read_log", "parse_log", "LogError", "MAX_LOG_BYTES"]
 
 MAX_LOG_BYTES = 256 << 20  # a run log read back (replay, reconcile, export, resume)
 
@@ -66,6 +66,11 @@ def read_log(path: str | os.PathLike[str], *, tolerant: bool = False) -> RunLogF
         data = read_bounded(p, MAX_LOG_BYTES, "run log")
     except JsonFileError as exc:
         raise LogError(p, 0, str(exc).removeprefix(f"{p}: ")) from None
+    return parse_log(p, data, tolerant=tolerant)
+
+
+def parse_log(p: str, data: bytes, *, tolerant: bool = False) -> RunLogFile:
+    """A run log's bytes checked as `read_log` checks a file's (`p` names it in errors)."""
     if not data:
         raise LogError(p, 1, "empty file: a run log starts with a header line")
     complete_bytes = len(data)

@@ -131,7 +131,11 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             who = owner(request)
         except PermissionError:
             return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
-        return JSONResponse({"object": "list", "data": [r.describe() for r in runs.visible(who)]})
+        try:
+            data = await runs.listing(who)
+        except BadRequest as exc:
+            return JSONResponse(exc.body(), exc.status)
+        return JSONResponse({"object": "list", "data": data})
 
     async def one_run(request: Request) -> Response:
         try:
@@ -139,10 +143,13 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         except PermissionError:
             return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
         rid = request.path_params["run_id"]
-        run = runs.runs.get(runs.names.get(rid, rid))
-        if run is None or run.owner != who:
+        try:
+            run = await runs.one(rid, who)
+        except BadRequest as exc:
+            return JSONResponse(exc.body(), exc.status)
+        if run is None:
             return _error(404, f"no run {rid!r} for this client", code="run_not_found")
-        return JSONResponse(run.describe(), headers={RUN_HEADER: run.id})
+        return JSONResponse(run, headers={RUN_HEADER: run["id"]})
 
     return Starlette(routes=[
         Route("/v1/chat/completions", completions, methods=["POST"]),

@@ -17,6 +17,7 @@ import uvicorn
 from ..tools._registry import ToolKind
 from ._app import MAX_BODY, create_app
 from ._restore import restore
+from ._redis import RedisRuns
 from ._runs import Runs, Settings
 from ._upstream import Upstream, upstream_key
 
@@ -48,17 +49,30 @@ class Proxy:
 
     def __init__(self, upstream: str | None = None, settings: Settings | None = None, *,
                  keys: Iterable[str] = (), key: str | None = None, max_body: int = MAX_BODY,
-                 transport: httpx.AsyncBaseTransport | None = None, local: Any = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, local: Any = None,
+                 state: str | None = None, lease: float = 30.0) -> None:
         self.settings = settings or Settings()
         if self.settings.logs is not None:
             self.settings.logs.mkdir(parents=True, exist_ok=True)
         self.upstream = Upstream(upstream, key or upstream_key(), local=local, transport=transport)
-        self.runs = Runs(self.upstream, self.settings)
+        self.runs = Runs(self.upstream, self.settings) if state is None else \
+            RedisRuns(self.upstream, self.settings, state, lease=lease)
         self.app = create_app(self.runs, keys=keys, max_body=max_body)
 
     async def restore(self) -> int:
-        """Fold back the runs logged in the log folder (a restart): how many continue."""
+        """Fold back the runs logged in the log folder (a restart): how many continue. On Redis the
+        state is the store's: the replica joins it (a warning on stderr while it cannot be reached)."""
+        if isinstance(self.runs, RedisRuns):
+            problem = await self.runs.connect()
+            if problem is not None:
+                print(f"loopfence proxy: warning: the run state store ({self.runs.describe_store()}) cannot be "
+                      f"reached ({problem}); requests get 503 until it can", file=sys.stderr, flush=True)
+            return 0
         return await restore(self.runs)
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+        await self.runs.aclose()
 
 
 class _Server(uvicorn.Server):
@@ -89,5 +103,5 @@ async def serve(proxy: Proxy, host: str, port: int, announce: Callable[[str], No
     try:
         await server.serve(sockets=[sock])
     finally:
-        await proxy.upstream.aclose()
+        await proxy.aclose()
         sys.stdout.flush()

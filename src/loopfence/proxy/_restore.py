@@ -24,7 +24,7 @@ from typing import Any
 
 from .._log import LogError
 from .._log._schema import ReplyLine, RequestLine, ResultLine, StopLine
-from .._log._reader import read_log
+from .._log._reader import RunLogFile, read_log
 from .._log._writer import RunLog
 from .._messages import Reply
 from .._stops import Stop, StopReason
@@ -34,7 +34,7 @@ from ..integrations._fence import FenceStop, versions
 from ._answer import Answer
 from ._runs import FRAMEWORK, NOTES, Runs, WireRun, precheck, value_of
 
-__all__ = ["restore"]
+__all__ = ["restore", "fold", "proxy_run"]
 
 
 async def restore(runs: Runs) -> int:
@@ -88,27 +88,42 @@ def _notes(path: Path) -> list[dict[str, Any]]:
 async def _restore_one(runs: Runs, path: Path) -> tuple[WireRun, list[dict[str, Any]], Reply | None, Any] | None:
     """The run logged at `path` folded back (its notes, the last reply logged, its name), or None."""
     log = read_log(path, tolerant=True)
-    h = log.header
-    framework = h.record.get("framework")
-    proxy = h.record.get("proxy")
-    if not (isinstance(framework, dict) and framework.get("name") == FRAMEWORK and isinstance(proxy, dict)):
-        return None
-    rid = str(proxy["run"])
-    if rid in runs.runs:
+    rid = proxy_run(log)
+    if rid is None or rid in runs.runs:
         return None
     notes_path = path.parent / NOTES / f"{rid}.jsonl"
     notes = _notes(notes_path)
     start = next((n["start"] for n in notes if "start" in n), {})
     if log.torn_bytes:
         os.truncate(path, log.complete_bytes)
-    p = str(path)
-    fence = Fence(limits=limits_of(h, p), policy=policy_of(h, p), kinds={s.name: s.kind for s in h.specs})
+    run, last_reply = await fold(log, rid, start.get("owner"), start.get("model"), str(path))
+    run.notes = notes_path
+    return run, notes, last_reply, start.get("named")
+
+
+def proxy_run(log: RunLogFile) -> str | None:
+    """The proxy's id of the run `log` holds, or None for a log the proxy did not write."""
+    framework = log.header.record.get("framework")
+    proxy = log.header.record.get("proxy")
+    if not (isinstance(framework, dict) and framework.get("name") == FRAMEWORK and isinstance(proxy, dict)):
+        return None
+    return str(proxy["run"])
+
+
+async def fold(log: RunLogFile, rid: str, owner: str | None, model: str | None, path: str | None, *,
+               t0: float | None = None) -> tuple[WireRun, Reply | None]:
+    """The run `log` holds, its steps run again over the recorded traffic (the module doc), and the
+    last reply logged. Its log goes on in the file `path` (appended) or, with None, in memory from the
+    next line; its clock from `t0` (monotonic), else from where the log's last event left it."""
+    h = log.header
+    fence = Fence(limits=limits_of(h, log.path), policy=policy_of(h, log.path),
+                  kinds={s.name: s.kind for s in h.specs})
     tools = [fence.tool(s.name, s.parameters, s.description) for s in h.specs]
-    model = str(start.get("model") or (h.model.get("model") if isinstance(h.model, dict) else "") or "")
+    model = str(model or (h.model.get("model") if isinstance(h.model, dict) else "") or "")
     f = fence.start(h.task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=h.system,
-                    header={"proxy": proxy})
+                    header={"proxy": h.record.get("proxy")})
     f.state.run_id = h.run_id  # the same run upstream: its requests carry the same id
-    run = WireRun(rid, f, start.get("owner"), model, log=p, notes=notes_path)
+    run = WireRun(rid, f, owner, model, log=path)
     last_reply, last_t = None, 0.0
     for e in log.events:
         last_t = e.t
@@ -126,12 +141,12 @@ async def _restore_one(runs: Runs, path: Path) -> tuple[WireRun, list[dict[str, 
                 f.finish(Stop(e.reason, e.detail, e.data))
         except FenceStop:
             pass
-    if not f.finished:  # the file goes on from here, the clock where it stopped
-        live = RunLog(p, append=True, seq=log.next_seq, t0=time.monotonic() - last_t)
+    if path is None or not f.finished:  # the log goes on from here, the clock where it stopped
+        live = RunLog(path, append=True, seq=log.next_seq, t0=time.monotonic() - last_t if t0 is None else t0)
         f.log = f.state.log = live
         f.state.t0 = live.t0
         run.reopened = last_reply is None and f.state.ledger.model_requests > 0 and isinstance(log.events[-1], RequestLine)
-    return run, notes, last_reply, start.get("named")
+    return run, last_reply
 
 
 def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: Reply | None) -> None:

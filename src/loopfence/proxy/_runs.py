@@ -39,6 +39,7 @@ from typing import Any
 
 from .._json import canonical_json
 from .._limits import Limits, Policy
+from .._log._writer import RunLog
 from .._messages import Reply, Request
 from .._steps import on_the_clock
 from .._stops import Stop, StopError, StopReason
@@ -68,6 +69,7 @@ class Settings:
     kinds: Mapping[str, ToolKind] = field(default_factory=dict)
     on_stop: str = "answer"  # or "error": HTTP 400, OpenAI's error body, the stop as its code
     logs: Path | None = None
+    expire_after: float | None = 86400.0  # seconds a run may be idle before it is forgotten (None: never)
 
 
 @dataclass(eq=False)
@@ -88,6 +90,8 @@ class WireRun:
     log: str | None = None
     reopened: bool = False  # restored with its last request sent and no reply logged: the retry goes out once
     notes: Path | None = None  # the proxy's own notes on this run (`.proxy/<id>.jsonl`): what restarts need
+    touched: float = field(default_factory=time.monotonic)  # its latest request (idle runs expire)
+    store: dict[str, Any] = field(default_factory=dict)  # what a shared store keeps beside the log (_redis)
 
     def note(self, **fields: Any) -> None:
         """One line of notes: who opened the run, each request's digest, each answer given."""
@@ -134,10 +138,41 @@ class Runs:
         self.by_conv: dict[str, WireRun] = {}
         self.by_latest: dict[str, WireRun] = {}
         self.names: dict[str, str] = {}  # a client's run name -> the run serving it now
+        self._swept = time.monotonic()
 
-    # -- routing ---------------------------------------------------------------------------------
+    # -- what the app reads -----------------------------------------------------------------------
     def visible(self, owner: str | None) -> list[WireRun]:
         return [r for r in self.runs.values() if r.owner == owner]
+
+    async def listing(self, owner: str | None) -> list[dict[str, Any]]:
+        """The runs opened with this client key (`WireRun.describe`)."""
+        return [r.describe() for r in self.visible(owner)]
+
+    async def one(self, rid: str, owner: str | None) -> dict[str, Any] | None:
+        """The run `rid` (its id or the name a client gave it) if this client key opened it."""
+        run = self.runs.get(self.names.get(rid, rid))
+        return run.describe() if run is not None and run.owner == owner else None
+
+    async def aclose(self) -> None:
+        """Nothing to let go of here (the store on Redis closes its connections)."""
+
+    def expire(self) -> None:
+        """Forget the runs idle for `settings.expire_after` seconds (checked at most every tenth of it):
+        a request that would have continued one starts a run of its own. Their logs stay."""
+        ttl, now = self.settings.expire_after, time.monotonic()
+        if ttl is None or now - self._swept < ttl / 10:
+            return
+        self._swept = now
+        gone = {rid for rid, r in self.runs.items() if now - r.touched > ttl and not r.lock.locked()}
+        for rid in gone:
+            del self.runs[rid]
+        for index in (self.by_conv, self.by_latest):
+            for k in [k for k, r in index.items() if r.id in gone]:
+                del index[k]
+        for k in [k for k, rid in self.names.items() if rid in gone]:
+            del self.names[k]
+
+    # -- routing ---------------------------------------------------------------------------------
 
     async def answer(self, incoming: Incoming, *, named: str | None = None, user_agent: str = "",
                      owner: str | None = None, relay: Relay | None = None,
@@ -148,6 +183,7 @@ class Runs:
         if named is not None and not RUN_ID.fullmatch(named):
             raise BadRequest("the X-Loopfence-Run header must be 1-128 characters of A-Z a-z 0-9 . _ - "
                              "(starting with a letter or digit)", "X-Loopfence-Run")
+        self.expire()
         run = self._route(incoming, named)
         if run is not None and run.owner != owner:
             raise BadRequest(f"run {run.id} belongs to another client key", "X-Loopfence-Run", 403)
@@ -163,6 +199,7 @@ class Runs:
             run = self._start(incoming, named, user_agent, owner)
         if on_run is not None:
             on_run(run.id)
+        run.touched = time.monotonic()
         fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         if run.latest is not None:
             self.by_latest.pop(run.latest[0], None)
@@ -210,8 +247,20 @@ class Runs:
     def _start(self, incoming: Incoming, named: str | None, user_agent: str, owner: str | None) -> WireRun:
         rid = self._new_id(named)
         st = self.settings
-        names = [t["function"]["name"] for t in incoming.tools]
         log = None if st.logs is None else st.logs / f"{rid}.jsonl"
+        run = self.make(rid, incoming, user_agent, owner, log)
+        run.notes = None if st.logs is None else st.logs / NOTES / f"{rid}.jsonl"
+        if run.notes is not None:
+            run.notes.parent.mkdir(exist_ok=True)
+        run.note(start={"named": named, "owner": owner, "model": run.model})
+        self.add(run, named)
+        return run
+
+    def make(self, rid: str, incoming: Incoming, user_agent: str, owner: str | None,
+             log: Path | RunLog | None) -> WireRun:
+        """A new run `rid` for `incoming`, its header written to `log`."""
+        st = self.settings
+        names = [t["function"]["name"] for t in incoming.tools]
         fence = Fence(limits=st.limits, policy=st.policy, kinds={n: st.kinds[n] for n in names if n in st.kinds},
                       log=log)
         tools = [fence.tool(t["function"]["name"], t["function"].get("parameters"),
@@ -222,13 +271,7 @@ class Runs:
                             "on_stop": st.on_stop}}
         fenced = fence.start(task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=system,
                              header=header)
-        run = WireRun(rid, fenced, owner, model, log=None if log is None else str(log),
-                      notes=None if st.logs is None else st.logs / NOTES / f"{rid}.jsonl")
-        if run.notes is not None:
-            run.notes.parent.mkdir(exist_ok=True)
-        run.note(start={"named": named, "owner": owner, "model": model})
-        self.add(run, named)
-        return run
+        return WireRun(rid, fenced, owner, model, log=None if log is None or isinstance(log, RunLog) else str(log))
 
     def add(self, run: WireRun, named: str | None) -> None:
         self.runs[run.id] = run

@@ -1,0 +1,439 @@
+"""Run state on Redis: many `loopfence proxy` replicas, one fence (`--state redis://HOST:PORT/N`).
+
+The rules are the embedded store's own (`Runs`: `_exchange`, `settle`, the stops); only where a run's
+state lives changes. A run's state is its log: the lines in the Redis list `lf:log:<id>` are the
+truth, and a replica rebuilds the run from them as a restart does (`_restore.fold`: the ring's steps
+run again over the recorded traffic). Beside the list, the hash `lf:run:<id>` holds what the log does
+not: who opened it, its version (the list's length), the latest request's digest and its answer, the
+stop's answer, the conversation digests (`meta`), and the summary `GET /loopfence/runs` shows. The
+keys `lf:name:<name>`, `lf:conv:<digest>` and `lf:latest:<digest>` route a request to its run.
+
+One request is two round trips, each one Lua script (atomic: Redis runs one at a time):
+
+    claim   route the request (name, conversation, or the same first request), and then either give
+            the answer it already has (a retry; a stopped run's stop), say "wait" (another replica is
+            at work on the run), or take the run's lease (`lf:lock:<id>`, expiring) and return its
+            version, and its log unless this replica holds that version already
+    commit  while the lease is still ours and the version unchanged: append the request's log lines,
+            store its answer, move the routes, refresh every key's expiry, let the lease go
+
+So two replicas cannot both pass a budget with room for one: the second waits for the lease, then
+folds the first one's lines and meets the stop. A replica killed mid-request commits nothing: its
+lease expires (`lease` seconds, renewed while the request is at work), and the client's retry, on any
+replica, is that request again, counted once. A replica that cannot reach Redis, or whose commit
+comes back refused, answers 503 and gives no answer: it never lets a run go on unaccounted.
+
+Redis losing its data (restarted without persistence, flushed) is seen by the epoch key `lf:epoch`:
+the replica that finds it gone marks the store `lf:lost` for one expiry period, and meanwhile a
+request that continues a run Redis no longer has (a conversation under way, a run name with a log on
+file) is answered 503, never started afresh with its budgets reset. Run Redis with
+`appendonly yes` and `appendfsync always` so that a restart loses nothing.
+
+The log file `<logs>/<id>.jsonl` is written from the list: after each commit the replica brings the
+file up to the version it committed (under `flock`, fetching lines it did not write), so on a shared
+volume there is one log per run, complete and in order, whichever replica served each request. Keys
+expire after `expire_after` seconds idle; the files stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import time
+import uuid
+from collections import OrderedDict
+from datetime import datetime
+from typing import Any, Callable
+
+from .._log._reader import parse_log
+from .._log._writer import RunLog, line
+from ._answer import Answer
+from ._restore import fold
+from ._runs import RUN_ID, Runs, Settings, WireRun
+from ._upstream import Relay, Upstream
+from ._wire import BadRequest, Incoming
+
+__all__ = ["RedisRuns", "StoreDown", "PREFIX"]
+
+PREFIX = "lf:"
+CACHED = 4096  # runs a replica keeps folded (the versions it committed last)
+
+_CLAIM = """
+local P, A = KEYS[1], ARGV
+local epoch = redis.call('GET', P .. 'epoch')
+if not epoch then
+  redis.call('SET', P .. 'epoch', A[13])
+  redis.call('SET', P .. 'lost', '1', 'PX', A[12])
+  return {'lost', A[13]}
+end
+if epoch ~= A[1] then return {'epoch', epoch} end
+local rid
+if A[2] ~= '' then rid = redis.call('GET', P .. 'name:' .. A[2])
+elseif A[3] ~= '' then rid = redis.call('GET', P .. 'conv:' .. A[3])
+else rid = redis.call('GET', P .. 'latest:' .. A[4]) end
+if rid and redis.call('EXISTS', P .. 'run:' .. rid) == 0 then rid = false end
+if rid then
+  local f = redis.call('HMGET', P .. 'run:' .. rid, 'owner', 'latest', 'answer', 'finished', 'stopped')
+  if f[1] ~= A[6] then return {'forbidden', rid} end
+  if f[2] == A[4] and f[3] then return {'answer', f[3]} end
+  local lock = redis.call('GET', P .. 'lock:' .. rid)
+  if lock then
+    if string.sub(lock, 34) == A[4] then return {'wait'} end
+    return {'busy'}
+  end
+  if f[4] == '1' then
+    if f[5] then return {'answer', f[5]} end
+    rid = false
+  elseif f[2] and f[2] ~= A[4] and redis.call('GET', P .. 'latest:' .. f[2]) == rid then
+    redis.call('DEL', P .. 'latest:' .. f[2])
+  end
+end
+if not rid then
+  if redis.call('EXISTS', P .. 'lost') == 1 and (A[3] ~= '' or A[11] == '1') then return {'unaccounted'} end
+  rid = A[5]
+  local n = tonumber(A[14])
+  while redis.call('EXISTS', P .. 'run:' .. rid) == 1 do
+    n = n + 1
+    rid = A[2] .. '-' .. n
+  end
+  redis.call('HSET', P .. 'run:' .. rid, 'owner', A[6], 'version', '0', 'named', A[2])
+  redis.call('PEXPIRE', P .. 'run:' .. rid, A[12])
+  if A[2] ~= '' then redis.call('SET', P .. 'name:' .. A[2], rid, 'PX', A[12]) end
+end
+redis.call('SET', P .. 'lock:' .. rid, A[7] .. '|' .. A[4], 'PX', A[8])
+redis.call('SET', P .. 'latest:' .. A[4], rid, 'PX', A[12])
+local run = P .. 'run:' .. rid
+local v = redis.call('HGET', run, 'version')
+local out = {'run', rid, v, redis.call('HGET', run, 'meta') or ''}
+if A[9] ~= rid or A[10] ~= v then
+  local lines = redis.call('LRANGE', P .. 'log:' .. rid, 0, -1)
+  for i = 1, #lines do out[#out + 1] = lines[i] end
+end
+return out
+"""
+
+_COMMIT = """
+local P, A = KEYS[1], ARGV
+local rid = A[1]
+local run, lk, log = P .. 'run:' .. rid, P .. 'lock:' .. rid, P .. 'log:' .. rid
+local lock = redis.call('GET', lk)
+if (lock and lock ~= A[2]) or redis.call('HGET', run, 'version') ~= A[3] then return 0 end
+local n = #A - 12
+if n > 0 then redis.call('RPUSH', log, unpack(A, 13)) end
+redis.call('HSET', run, 'version', tostring(tonumber(A[3]) + n), 'latest', A[5], 'answer', A[6], 'finished', A[7],
+           'meta', A[9], 'desc', A[12])
+if A[8] ~= '' then redis.call('HSET', run, 'stopped', A[8]) end
+if A[10] ~= '' then redis.call('SET', P .. 'conv:' .. A[10], rid, 'PX', A[4]) end
+if A[11] ~= '' and redis.call('GET', P .. 'conv:' .. A[11]) == rid then redis.call('DEL', P .. 'conv:' .. A[11]) end
+local named = redis.call('HGET', run, 'named')
+if named and named ~= '' then redis.call('PEXPIRE', P .. 'name:' .. named, A[4]) end
+redis.call('PEXPIRE', P .. 'latest:' .. A[5], A[4])
+redis.call('PEXPIRE', run, A[4])
+redis.call('PEXPIRE', log, A[4])
+redis.call('DEL', lk)
+return 1
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class StoreDown(BadRequest):
+    """The run state store cannot account for this request: HTTP 503, nothing forwarded or answered."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, None, 503)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": "service_unavailable", "param": None,
+                          "code": "state_store_unavailable"}}
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+class RedisRuns(Runs):
+    """`Runs` whose state lives on Redis at `url` (the module doc). `lease`: seconds a replica holds a
+    run it is at work on before another may take it over (renewed while it works)."""
+
+    def __init__(self, upstream: Upstream, settings: Settings, url: str, *, lease: float = 30.0,
+                 client: Any = None) -> None:
+        super().__init__(upstream, settings)
+        try:
+            import redis.asyncio as aioredis
+            from redis.exceptions import RedisError
+        except ImportError as exc:
+            raise ValueError(f"--state {url}: the redis extra is missing ({exc.name}): "
+                             "pip install 'loopfence[redis]'") from None
+        self.url = url
+        self.redis = client if client is not None else aioredis.from_url(
+            url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=30)
+        self._errors: tuple[type[BaseException], ...] = (RedisError, OSError)
+        self.lease_ms = max(int(lease * 1000), 100)
+        ttl = settings.expire_after
+        self.ttl_ms = int(ttl * 1000) if ttl is not None else 10 * 365 * 86400 * 1000
+        self.epoch = uuid.uuid4().hex
+        self.cache: OrderedDict[str, tuple[str, WireRun]] = OrderedDict()  # run id -> (version, run)
+        self._claim = self.redis.register_script(_CLAIM)
+        self._commit = self.redis.register_script(_COMMIT)
+        self._renew = self.redis.register_script(_RENEW)
+        self._release = self.redis.register_script(_RELEASE)
+
+    def describe_store(self) -> str:
+        return f"redis {self.url.split('@')[-1]}"
+
+    async def connect(self) -> str | None:
+        """Join the store: adopt its epoch (or set ours). The problem, in words, if Redis is unreachable."""
+        try:
+            await self.redis.set(PREFIX + "epoch", self.epoch, nx=True)
+            self.epoch = _text(await self.redis.get(PREFIX + "epoch") or self.epoch)
+        except self._errors as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+    async def _call(self, script: Any, args: list[Any]) -> Any:
+        try:
+            return await script(keys=[PREFIX], args=args)
+        except self._errors as exc:
+            raise StoreDown(f"the run state store ({self.describe_store()}) failed ({type(exc).__name__}: "
+                            f"{str(exc)[:200]}); the proxy fails closed: this request was not answered, send it "
+                            "again once the store is back") from None
+
+    # -- what the app reads -----------------------------------------------------------------------
+    async def listing(self, owner: str | None) -> list[dict[str, Any]]:
+        out = []
+        try:
+            async for key in self.redis.scan_iter(match=PREFIX + "run:*", count=500):
+                who, desc = await self.redis.hmget(key, "owner", "desc")
+                if desc is not None and _text(who) == (owner or ""):
+                    out.append(json.loads(desc))
+        except self._errors as exc:
+            raise StoreDown(f"the run state store ({self.describe_store()}) cannot be reached: {exc}") from None
+        return out
+
+    async def one(self, rid: str, owner: str | None) -> dict[str, Any] | None:
+        try:
+            found = await self.redis.get(PREFIX + "name:" + rid)
+            key = PREFIX + "run:" + (_text(found) if found is not None else rid)
+            who, desc = await self.redis.hmget(key, "owner", "desc")
+        except self._errors as exc:
+            raise StoreDown(f"the run state store ({self.describe_store()}) cannot be reached: {exc}") from None
+        if desc is None or _text(who) != (owner or ""):
+            return None
+        return json.loads(desc)
+
+    # -- one request ------------------------------------------------------------------------------
+    async def answer(self, incoming: Incoming, *, named: str | None = None, user_agent: str = "",
+                     owner: str | None = None, relay: Relay | None = None,
+                     on_run: Callable[[str], None] | None = None) -> tuple[Answer, bool]:
+        if named is not None and not RUN_ID.fullmatch(named):
+            raise BadRequest("the X-Loopfence-Run header must be 1-128 characters of A-Z a-z 0-9 . _ - "
+                             "(starting with a letter or digit)", "X-Loopfence-Run")
+        last = incoming.last_assistant()
+        conv = incoming.prefix[last] if last is not None and named is None else ""
+        token = uuid.uuid4().hex
+        cand, n = self._candidate(named)
+        known = "1" if named is not None and self.settings.logs is not None and \
+            (self.settings.logs / f"{named}.jsonl").exists() else ""
+        model = self.upstream.model_name(incoming.model)
+        pause = 0.005
+        while True:
+            got = await self._call(self._claim, [
+                self.epoch, named or "", conv, incoming.whole, cand, owner or "", token, self.lease_ms,
+                *self._have(named, conv, incoming.whole), known, self.ttl_ms, uuid.uuid4().hex, n])
+            kind = _text(got[0])
+            if kind == "answer":
+                return Answer.from_json(json.loads(got[1])), False
+            if kind == "run":
+                break
+            if kind == "forbidden":
+                raise BadRequest(f"run {_text(got[1])} belongs to another client key", "X-Loopfence-Run", 403)
+            if kind in ("lost", "epoch"):
+                self.epoch = _text(got[1])
+                self.cache.clear()
+                if kind == "lost":
+                    raise StoreDown(f"the run state store ({self.describe_store()}) lost its data (restarted "
+                                    "empty, or flushed): runs under way cannot be accounted for; this request was "
+                                    "not answered")
+                continue
+            if kind == "unaccounted":
+                raise StoreDown(f"the run state store ({self.describe_store()}) lost its data, and this request "
+                                "continues a run it no longer holds: the proxy will not start it afresh with its "
+                                "budgets reset")
+            await asyncio.sleep(pause)  # busy or wait: another replica is at work on the run
+            pause = min(pause * 2, 0.05)
+        rid, version, meta = _text(got[1]), _text(got[2]), json.loads(got[3] or "{}")
+        lines = [bytes(x) if isinstance(x, (bytes, bytearray)) else _text(x).encode() for x in got[4:]]
+        lock = f"{token}|{incoming.whole}"
+        try:
+            run = await self._held(rid, version, meta, lines, incoming, user_agent, owner, model, named)
+        except Exception:
+            await self._let_go(rid, lock)
+            raise
+        if on_run is not None:
+            on_run(rid)
+        return await self._work(run, version, lock, incoming, relay), True
+
+    def _candidate(self, named: str | None) -> tuple[str, int]:
+        """The id a new run would get: the name (or name-N past the logs on file), else a fresh one."""
+        if named is None:
+            return uuid.uuid4().hex, 1
+        rid, n = named, 1
+        while self.settings.logs is not None and (self.settings.logs / f"{rid}.jsonl").exists():
+            n += 1
+            rid = f"{named}-{n}"
+        return rid, n
+
+    def _have(self, named: str | None, conv: str, whole: str) -> tuple[str, str]:
+        """The run this replica guesses the request is for, and the version it holds of it ("" none):
+        claim returns the log only if that is not the run's version now."""
+        if named is not None:
+            guess = self.runs.get(self.names.get(named, ""))
+        else:
+            guess = self.by_conv.get(conv) if conv else self.by_latest.get(whole)
+        if guess is None or guess.id not in self.cache:
+            return "", ""
+        return guess.id, self.cache[guess.id][0]
+
+    async def _held(self, rid: str, version: str, meta: dict[str, Any], lines: list[bytes], incoming: Incoming,
+                    user_agent: str, owner: str | None, model: str, named: str | None) -> WireRun:
+        """The run as the store has it at `version`: this replica's own copy, else folded from its log."""
+        mine = self.cache.get(rid)
+        if mine is not None and mine[0] == version and not lines:
+            self.cache.move_to_end(rid)
+            return mine[1]
+        self.cache.pop(rid, None)
+        if not lines:  # a new run (or one whose first request never committed)
+            run = self.make(rid, incoming, user_agent, owner, RunLog(None))
+        else:
+            log = parse_log(f"{self.describe_store()} {PREFIX}log:{rid}", b"".join(x + b"\n" for x in lines))
+            started = datetime.fromisoformat(log.header.started_at).timestamp()
+            run, _ = await fold(log, rid, owner, meta.get("model") or model, None,
+                                t0=time.monotonic() - max(0.0, time.time() - started))
+            run.conv, run.before = meta.get("conv"), meta.get("before")
+            run.held = set(meta.get("held") or [])
+            if meta.get("stopped"):
+                run.stopped = Answer.from_json(meta["stopped"])
+        run.store["named"] = named if not lines else meta.get("named")
+        if self.settings.logs is not None:
+            run.log = str(self.settings.logs / f"{rid}.jsonl")
+        return run
+
+    async def _work(self, run: WireRun, version: str, lock: str, incoming: Incoming, relay: Relay | None) -> Answer:
+        """The exchange under the run's lease (renewed while it works), then the commit."""
+        renew = asyncio.ensure_future(self._keep(run.id, lock))
+        try:
+            made = await self._exchange(run, incoming, relay)
+        except BaseException:
+            self.cache.pop(run.id, None)  # its copy went past the store's: fold it again next time
+            renew.cancel()
+            with contextlib.suppress(*self._errors):
+                await self._let_go(run.id, lock)
+            raise
+        finally:
+            renew.cancel()
+        log = run.fenced.log
+        records = list(log.events)
+        log.events.clear()
+        new = [line(r).rstrip(b"\n") for r in records]
+        before = run.before
+        self.remember_local(run, incoming, made)
+        f = run.fenced
+        meta = {"model": run.model, "named": run.store.get("named"), "conv": run.conv, "before": run.before, "held": sorted(run.held),
+                "stopped": None if run.stopped is None else run.stopped.to_json()}
+        try:
+            ok = await self._call(self._commit, [
+                run.id, lock, version, self.ttl_ms, incoming.whole, json.dumps(made.to_json()),
+                "1" if f.finished else "0", json.dumps(run.stopped.to_json()) if run.stopped is not None else "",
+                json.dumps(meta), run.conv or "", before or "", json.dumps(run.describe()), *new])
+        except StoreDown:
+            self.cache.pop(run.id, None)
+            raise
+        if not ok:
+            self.cache.pop(run.id, None)
+            raise StoreDown(f"run {run.id}: this replica's lease on the run ran out while the request was at work "
+                            "and the run moved on without it; nothing of this request was kept: send it again")
+        done = str(int(version) + len(new))
+        self.cache[run.id] = (done, run)
+        self.cache.move_to_end(run.id)
+        while len(self.cache) > CACHED:
+            old, _ = self.cache.popitem(last=False)
+            self._forget(old)
+        if self.settings.logs is not None:
+            await self._mirror(run.id, int(version), new)
+        return made
+
+    def remember_local(self, run: WireRun, incoming: Incoming, made: Answer) -> None:
+        """The routes this replica keeps to guess a request's run and hold its log ready (the store's
+        routes are the truth)."""
+        self.remember(run, incoming.prefix[-1], made)
+        self.runs[run.id] = run
+        previous = run.store.get("whole")
+        if previous is not None and self.by_latest.get(previous) is run:
+            del self.by_latest[previous]
+        run.store["whole"] = incoming.whole
+        self.by_latest[incoming.whole] = run
+        if run.store.get("named"):
+            self.names[run.store["named"]] = run.id
+
+    def _forget(self, rid: str) -> None:
+        run = self.runs.pop(rid, None)
+        for index in (self.by_conv, self.by_latest):
+            for k in [k for k, r in index.items() if r is run]:
+                del index[k]
+
+    async def _keep(self, rid: str, lock: str) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ms / 3000)
+            with contextlib.suppress(*self._errors):
+                await self._renew(keys=[PREFIX + "lock:" + rid], args=[lock, self.lease_ms])
+
+    async def _let_go(self, rid: str, lock: str) -> None:
+        await self._release(keys=[PREFIX + "lock:" + rid], args=[lock])
+
+    async def _mirror(self, rid: str, version: int, new: list[bytes]) -> None:
+        """Bring `<logs>/<rid>.jsonl` up to version + len(new) lines: under flock, the lines the file
+        lacks (fetched from the store when they are not this request's own)."""
+        assert self.settings.logs is not None
+        path = self.settings.logs / f"{rid}.jsonl"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            data = _read_all(fd)
+            whole = data.rfind(b"\n") + 1
+            if whole < len(data):  # a writer killed mid-line: the torn line goes
+                os.ftruncate(fd, whole)
+            have = data[:whole].count(b"\n")
+            if have < version:
+                with contextlib.suppress(*self._errors):
+                    got = await self.redis.lrange(PREFIX + "log:" + rid, have, version - 1)
+                    if len(got) == version - have:
+                        os.write(fd, b"".join(bytes(x) + b"\n" for x in got))
+                        have = version
+            if version <= have < version + len(new):
+                os.write(fd, b"".join(x + b"\n" for x in new[have - version:]))
+        finally:
+            os.close(fd)
+
+
+def _read_all(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    parts = []
+    while chunk := os.read(fd, 1 << 20):
+        parts.append(chunk)
+    return b"".join(parts)
+
