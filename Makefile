@@ -11,18 +11,18 @@ BENCH  := $(BENCH_VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: run test test-fast docs sandbox chromium mcp-servers ts-deps local bench clean
+.PHONY: run test test-fast docs sandbox redis chromium mcp-servers ts-deps local bench clean
 
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[agents,docs,langchain,mcp,otel,pydantic-ai,ray,test]"
+	$(PIP) install -q -e ".[agents,docs,langchain,mcp,otel,proxy,pydantic-ai,ray,redis,test]"
 	touch $@
 
 # The embedded model: llama-cpp-python compiles from source (about 5 minutes on 2 cores, cached after).
 $(LOCAL): $(BASE)
 	@echo "installing loopfence[local] (llama-cpp-python builds from source the first time; ~5 min)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[agents,docs,langchain,local,mcp,otel,pydantic-ai,ray,test]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[agents,docs,langchain,local,mcp,otel,proxy,pydantic-ai,ray,redis,test]"
 	touch $@
 
 # bubblewrap for run_command's sandbox; installed where this machine lets us.
@@ -32,6 +32,15 @@ sandbox:
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }; \
 	  else sudo -n apt-get install -y -q bubblewrap >/dev/null 2>&1; fi; \
 	  command -v bwrap >/dev/null 2>&1 || echo "warning: bubblewrap missing: run_command will fail closed"; }
+
+# Debian's redis-server for the proxy's shared state (tests/_redis_support.py starts its own on a
+# loopback port and stops it); installed where this machine lets us. The server is never left running.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q redis-server >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; }; \
+	  else sudo -n apt-get install -y -q redis-server >/dev/null 2>&1; fi; \
+	  command -v redis-server >/dev/null 2>&1 || echo "warning: redis-server missing: the Redis store's tests skip (fail under CI)"; }
 
 # Debian's chromium for the report's browser tests (Playwright drives /usr/bin/chromium; no download).
 chromium:
@@ -90,10 +99,10 @@ run: $(LOCAL) sandbox
 	@$(VENV)/bin/loopfence run '$(RUN_TASK)' --workspace runs/workspace --system "$(RUN_SYSTEM)" \
 	  --seed $(RUN_SEED) --temperature $(RUN_TEMPERATURE); rc=$$?; [ $$rc -le 1 ]
 
-test: $(LOCAL) sandbox chromium mcp-servers ts-deps
+test: $(LOCAL) sandbox redis chromium mcp-servers ts-deps
 	$(PY) -m pytest
 
-test-fast: $(BASE) sandbox chromium mcp-servers ts-deps
+test-fast: $(BASE) sandbox redis chromium mcp-servers ts-deps
 	$(PY) -m pytest -m "not slow and not local_model"
 
 # The documentation site (mkdocs.yml, docs/) into build/site/; strict: a broken link or reference fails.
