@@ -127,3 +127,26 @@ def test_a_malformed_request_is_a_400_naming_the_field_and_never_forwarded(body:
     assert r.status_code == 400
     assert r.json()["error"]["param"] == param
     assert fs.requests == []
+
+
+def test_an_idle_run_is_forgotten_after_expire_after_and_its_log_stays(tmp_path: Path) -> None:
+    body = {"model": "m", "tools": TOOLS, "messages": [{"role": "user", "content": "find x"}]}
+
+    async def go() -> tuple[int, int, str, str]:
+        proxy = Proxy(fs.base_url, Settings(logs=tmp_path, expire_after=0.5))
+        async with _client(proxy) as client:
+            first = await client.post("/chat/completions", json=body, headers={"X-Loopfence-Run": "idle"})
+            seen = (await client.get("http://proxy/loopfence/runs/idle")).status_code
+            await asyncio.sleep(0.8)
+            other = {**body, "messages": [{"role": "user", "content": "something else"}]}
+            await client.post("/chat/completions", json=other)  # any request sweeps the idle runs
+            gone = (await client.get("http://proxy/loopfence/runs/idle")).status_code
+            again = await client.post("/chat/completions", json=body, headers={"X-Loopfence-Run": "idle"})
+            return seen, gone, first.headers["x-loopfence-run"], again.headers["x-loopfence-run"]
+
+    with FakeServer(_grep_script()) as fs:
+        seen, gone, first, again = asyncio.run(go())
+    assert (seen, gone) == (200, 404)
+    assert first == "idle" and again == "idle-2"  # a run of its own: the forgotten one's log is not reused
+    checks = reconcile(tmp_path / "idle.jsonl").checks
+    assert checks and all(c.ok for c in checks)
