@@ -23,11 +23,18 @@ from typing import Any
 
 import httpx
 import pytest
-
 from _front import Front
-from _proxy_support import (SCRIPTS, Proxy, ScriptServer, kinds_file, reconciles, replays, stops_at_the_minimum,
-                            task)
+from _proxy_support import (
+    Proxy,
+    ScriptServer,
+    kinds_file,
+    reconciles,
+    replays,
+    stops_at_the_minimum,
+    task,
+)
 from _redis_support import RedisServer
+
 from bench.common import Workspace  # _proxy_support put the root on sys.path
 from bench.scripts import HONEST, RUNAWAY
 from loopfence import tool
@@ -295,14 +302,14 @@ def test_a_replica_killed_mid_request_loses_nothing_and_counts_nothing_twice(rep
         tag = f"kill-{trial}"
         killed: list[int] = []
 
-        def killer(turn: int, name: str = name, at: int = at, tag: str = tag) -> None:
+        def killer(turn: int, name: str = name, at: int = at, tag: str = tag, killed: list[int] = killed) -> None:
             if turn != at:
                 return
             up.arrived.clear()
             up.release.clear()
             up.hold = (task(name, tag), at)
 
-            def kill() -> None:
+            def kill(killed: list[int] = killed) -> None:
                 if up.arrived.wait(HOLD_S):
                     assert replicas.front is not None
                     victim = next(i for i, p in enumerate(replicas.procs)

@@ -45,8 +45,9 @@ import os
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from .._log._reader import parse_log
 from .._log._writer import RunLog, line
@@ -56,7 +57,7 @@ from ._runs import RUN_ID, Runs, Settings, WireRun
 from ._upstream import Relay, Upstream
 from ._wire import BadRequest, Incoming
 
-__all__ = ["RedisRuns", "StoreDown", "PREFIX"]
+__all__ = ["PREFIX", "RedisRuns", "StoreDown"]
 
 PREFIX = "lf:"
 CACHED = 4096  # runs a replica keeps folded (the versions it committed last)
