@@ -55,6 +55,7 @@ def test_redis_keeps_acknowledged_writes_across_kill_and_restart() -> None:
         client = server.client()
         assert client.get("run:r1:stopped") == "budget" and client.get("run:r1:calls") == "3"
         client.close()
+    assert server.pid is not None and _gone(server.pid) and _refused(server.port)  # __exit__ stopped it
 
 
 def test_redis_stop_leaves_no_server_behind() -> None:
