@@ -25,30 +25,28 @@ $(LOCAL): $(BASE)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PIP) install -q -e ".[agents,docs,langchain,local,mcp,otel,proxy,pydantic-ai,ray,redis,test]"
 	touch $@
 
+# $(call apt_install,COMMAND,PACKAGE,WARNING): Debian's PACKAGE unless COMMAND is there, as root or
+# through `sudo -n` (never a password prompt); where the machine does not allow it, a warning, no failure.
+define apt_install
+@command -v $(1) >/dev/null 2>&1 || { \
+  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q $(2) >/dev/null 2>&1 || \
+    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(2) >/dev/null 2>&1; }; \
+  else sudo -n apt-get install -y -q $(2) >/dev/null 2>&1; fi; \
+  command -v $(1) >/dev/null 2>&1 || echo "warning: $(3)"; }
+endef
+
 # bubblewrap for run_command's sandbox; installed where this machine lets us.
 sandbox:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }; \
-	  else sudo -n apt-get install -y -q bubblewrap >/dev/null 2>&1; fi; \
-	  command -v bwrap >/dev/null 2>&1 || echo "warning: bubblewrap missing: run_command will fail closed"; }
+	$(call apt_install,bwrap,bubblewrap,bubblewrap missing: run_command will fail closed)
 
 # Debian's redis-server for the proxy's shared state (tests/_redis_support.py starts its own on a
 # loopback port and stops it); installed where this machine lets us. The server is never left running.
 redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q redis-server >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; }; \
-	  else sudo -n apt-get install -y -q redis-server >/dev/null 2>&1; fi; \
-	  command -v redis-server >/dev/null 2>&1 || echo "warning: redis-server missing: the Redis store's tests skip (fail under CI)"; }
+	$(call apt_install,redis-server,redis-server,redis-server missing: the Redis store's tests skip (fail under CI))
 
 # Debian's chromium for the report's browser tests (Playwright drives /usr/bin/chromium; no download).
 chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; \
-	  else sudo -n apt-get install -y -q chromium >/dev/null 2>&1; fi; \
-	  command -v chromium >/dev/null 2>&1 || echo "warning: chromium missing: the report's browser tests skip"; }
+	$(call apt_install,chromium,chromium,chromium missing: the report's browser tests skip)
 
 # Third-party MCP servers for tests/test_mcp_thirdparty.py, pinned, under build/ (never in .venv):
 # the reference fetch server from PyPI in a venv of its own, the filesystem server from npm.

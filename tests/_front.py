@@ -19,7 +19,7 @@ import asyncio
 import socket
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import uvicorn
@@ -57,7 +57,7 @@ class Served:
             raise RuntimeError("the server is not running: start() it")
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> Served:
+    def start(self) -> Self:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
@@ -92,7 +92,7 @@ class Served:
         if self._thread is not None:
             self._thread.join(timeout=START_S)
 
-    def __enter__(self) -> Served:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -153,7 +153,3 @@ class Front(Served):
             await super()._serve(sock)
         finally:
             await self._client.aclose()
-
-    def __enter__(self) -> Front:
-        self.start()
-        return self

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -96,7 +96,7 @@ class RedisServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self) -> RedisServer:
+    def start(self) -> Self:
         """Start on a free port (another one if that port is taken before the server binds it)."""
         for attempt in range(3):
             self.port = _free_port()
@@ -104,7 +104,7 @@ class RedisServer:
                 return self
         raise AssertionError("unreachable")  # _launch(last=True) fails the test instead
 
-    def restart(self) -> RedisServer:
+    def restart(self) -> Self:
         """Start again on the same port and folder (after `kill()` or `stop()`): the AOF is reloaded."""
         if self.running:
             raise RuntimeError(f"redis-server (pid {self.pid}) is still running: kill() or stop() it first")
@@ -184,7 +184,7 @@ class RedisServer:
             self.proc.wait()
             _LIVE.discard(self.proc)
 
-    def __enter__(self) -> RedisServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
-from starlette.applications import Starlette
+
+from loopfence.testing import FakeServer, text_reply
 
 from _front import Front, Served
 from _redis_support import RedisServer
-from loopfence.testing import FakeServer, text_reply
 
 
 def _gone(pid: int) -> bool:
@@ -55,6 +56,7 @@ def test_redis_keeps_acknowledged_writes_across_kill_and_restart() -> None:
         client = server.client()
         assert client.get("run:r1:stopped") == "budget" and client.get("run:r1:calls") == "3"
         client.close()
+    assert server.pid is not None and _gone(server.pid) and _refused(server.port)  # __exit__ stopped it
 
 
 def test_redis_stop_leaves_no_server_behind() -> None:
@@ -67,17 +69,16 @@ def test_redis_stop_leaves_no_server_behind() -> None:
 
 
 def test_redis_is_stopped_when_the_test_body_fails() -> None:
-    with pytest.raises(ZeroDivisionError):
-        with RedisServer() as server:
-            pid = server.pid
-            1 / 0
+    pid = None
+    with pytest.raises(KeyError), RedisServer() as server:
+        pid = server.pid
+        raise KeyError("the test failed")
     assert pid is not None and _gone(pid)
 
 
 def test_redis_restart_refuses_a_running_server() -> None:
-    with RedisServer() as server:
-        with pytest.raises(RuntimeError, match="still running"):
-            server.restart()
+    with RedisServer() as server, pytest.raises(RuntimeError, match="still running"):
+        server.restart()
 
 
 def _root(fake: FakeServer) -> str:
