@@ -116,7 +116,16 @@ $(BENCH): pyproject.toml bench/requirements.txt
 	$(BENCH_VENV)/bin/python -m pip install -q -e . -r bench/requirements.txt
 	touch $@
 
-bench: $(BENCH)
+# LiteLLM's proxy (the proxy section's peer) in a venv of its own: its pins conflict with the peers'.
+LITELLM_VENV := bench/.venv-litellm
+LITELLM := $(LITELLM_VENV)/.installed
+
+$(LITELLM): bench/requirements-litellm.txt
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install -q -r bench/requirements-litellm.txt
+	touch $@
+
+bench: $(BENCH) $(LITELLM)
 	$(BENCH_VENV)/bin/python bench/run.py
 
 clean:

@@ -52,7 +52,7 @@ def test_import_is_light():
 
 
 # The extras' packages (pyproject's optional-dependencies), blocked as on an install without them.
-EXTRAS = ("opentelemetry", "llama_cpp", "mcp", "ray", "pydantic_ai", "agents", "langchain", "langchain_core")
+EXTRAS = ("opentelemetry", "llama_cpp", "mcp", "ray", "pydantic_ai", "agents", "langchain", "langchain_core", "redis")
 BLOCK_EXTRAS = f"""
 import importlib.abc, sys
 class NoExtras(importlib.abc.MetaPathFinder):

@@ -1,6 +1,6 @@
 """`loopfence proxy`: the latency it adds per request, side by side in one run with the same loopback
 upstream reached directly, through a bare Starlette + uvicorn + httpx pass-through, and through
-LiteLLM's proxy (when `litellm[proxy]` is installed in this venv; never in --quick); then many
+LiteLLM's proxy (from its own venv, bench/.venv-litellm: its pins conflict with the peers'; never in --quick); then many
 concurrent conversations through it, and the memory each open run holds.
 
 Every path gets the same traffic: conversations of a no-op call with fresh arguments per turn, then
@@ -185,9 +185,10 @@ async def _concurrent(url: str, first: int, n: int, upto: int) -> tuple[int, int
 
 def _litellm(upstream: str, tmp: Path) -> Child | str:
     """LiteLLM's proxy in front of the upstream, or why not."""
-    exe = Path(sys.executable).parent / "litellm"
-    if not exe.exists():
-        return "not installed in this venv (bench/requirements.txt: litellm[proxy]==1.80.17)"
+    exe = next((p for p in (ROOT / "bench" / ".venv-litellm" / "bin" / "litellm", Path(sys.executable).parent / "litellm")
+                if p.exists()), None)
+    if exe is None:
+        return "not installed (`make bench` puts bench/requirements-litellm.txt in bench/.venv-litellm)"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

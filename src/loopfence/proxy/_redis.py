@@ -61,6 +61,7 @@ __all__ = ["PREFIX", "RedisRuns", "StoreDown"]
 
 PREFIX = "lf:"
 CACHED = 4096  # runs a replica keeps folded (the versions it committed last)
+POOL = 64  # connections to Redis per replica; a request holds one only for the length of one script
 
 _CLAIM = """
 local P, A = KEYS[1], ARGV
@@ -178,8 +179,12 @@ class RedisRuns(Runs):
             raise ValueError(f"--state {url}: the redis extra is missing ({exc.name}): "
                              "pip install 'loopfence[redis]'") from None
         self.url = url
-        self.redis = client if client is not None else aioredis.from_url(
-            url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=30)
+        # A pool that waits for a free connection (redis-py's default pool refuses past 100: a replica
+        # serving 1,000 requests at once would fail them closed). No health-check PINGs: a dead
+        # connection fails its call, which answers 503, and redis-py's own retry reconnects.
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=POOL, timeout=5.0, socket_timeout=5.0,
+                                                        socket_connect_timeout=2.0)
+        self.redis = client if client is not None else aioredis.Redis(connection_pool=pool)
         self._errors: tuple[type[BaseException], ...] = (RedisError, OSError)
         self.lease_ms = max(int(lease * 1000), 100)
         ttl = settings.expire_after
@@ -205,6 +210,7 @@ class RedisRuns(Runs):
 
     async def aclose(self) -> None:
         await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()
 
     async def _call(self, script: Any, args: list[Any]) -> Any:
         try:
