@@ -246,26 +246,26 @@ def _markdown(data: dict[str, Any], n: int, steps: int, width: int) -> str:
     sent = ", ".join(f"{k} {v:.3f}" for k, v in t["by_command"].items())
     return "\n\n".join([
         load_note(data["load_average"]["start"], data["load_average"]["end"]),
-        f"{n} conversations at once per path, each {steps} no-op calls with fresh arguments then an answer "
-        f"({n * (steps + 1)} requests); through the {width} replicas each request goes to the next replica in "
-        "turn (client-side round-robin), so a conversation's requests land on different replicas. Every "
-        "server is a process of its own on this machine (redis-server with appendonly yes, appendfsync "
-        "always); latencies are per request under that load, queueing included; added = the path's minus "
-        "direct's.",
+        (f"{n} conversations at once per path, each {steps} no-op calls with fresh arguments then an answer "
+         f"({n * (steps + 1)} requests); through the {width} replicas each request goes to the next replica in "
+         "turn (client-side round-robin), so a conversation's requests land on different replicas. Every "
+         "server is a process of its own on this machine (redis-server with appendonly yes, appendfsync "
+         "always); latencies are per request under that load, queueing included; added = the path's minus "
+         "direct's."),
         table(["path", "requests", "requests/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms",
                "all answered"], rows),
         *notes,
-        f"Redis round trips per request (MONITOR's feed over a pass of {t['conversations']} more conversations "
-        f"at once, {t['requests']} requests, after the timed load; a command a client sent is a round trip, one "
-        f"a Lua script ran is not): **{t['per_request']:.3f}** ({sent}); the scripts ran "
-        f"{t['run_in_scripts_per_request']:.1f} commands per request inside Redis. Goal: at most "
-        f"{GOAL_ROUND_TRIPS}: {met(t['per_request'] <= GOAL_ROUND_TRIPS)}. Over the timed load (INFO "
-        f"commandstats, INFO itself left out): script calls (EVALSHA/EVAL: claim and commit) "
-        f"{r['script_calls_per_request']:.3f} per request; commands Redis ran, those inside scripts included, "
-        f"{r['commands_per_request']:.2f} per request ({executed}).",
-        f"Memory in Redis (INFO memory used_memory): {r['bytes_per_open_run'] / 1024:.1f} KiB per open run "
-        f"({r['open_runs']} runs left mid-way, {r['open_requests']} requests in); "
-        f"{r['bytes_per_finished_run'] / 1024:.1f} KiB per finished run kept until it expires "
-        f"({r['keys']} keys at the end). The embedded store, for comparison: "
-        f"{data['embedded_kib_per_open_run']:.1f} KiB resident per open run.",
+        (f"Redis round trips per request (MONITOR's feed over a pass of {t['conversations']} more conversations "
+         f"at once, {t['requests']} requests, after the timed load; a command a client sent is a round trip, one "
+         f"a Lua script ran is not): **{t['per_request']:.3f}** ({sent}); the scripts ran "
+         f"{t['run_in_scripts_per_request']:.1f} commands per request inside Redis. Goal: at most "
+         f"{GOAL_ROUND_TRIPS}: {met(t['per_request'] <= GOAL_ROUND_TRIPS)}. Over the timed load (INFO "
+         f"commandstats, INFO itself left out): script calls (EVALSHA/EVAL: claim and commit) "
+         f"{r['script_calls_per_request']:.3f} per request; commands Redis ran, those inside scripts included, "
+         f"{r['commands_per_request']:.2f} per request ({executed})."),
+        (f"Memory in Redis (INFO memory used_memory): {r['bytes_per_open_run'] / 1024:.1f} KiB per open run "
+         f"({r['open_runs']} runs left mid-way, {r['open_requests']} requests in); "
+         f"{r['bytes_per_finished_run'] / 1024:.1f} KiB per finished run kept until it expires "
+         f"({r['keys']} keys at the end). The embedded store, for comparison: "
+         f"{data['embedded_kib_per_open_run']:.1f} KiB resident per open run."),
     ])
