@@ -175,6 +175,10 @@ def _executed(store: RedisServer, before: dict[str, int], memory: int, load: dic
             "bytes_per_finished_run": (store.used_memory() - memory) / max(load["answered"], 1)}
 
 
+def _progress(done: str, t0: float) -> None:
+    print(f"[bench] replicas: {done} done at {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+
+
 def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
     why = _missing()
     if why:
@@ -182,7 +186,8 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
     cfg = QUICK if quick else FULL
     n, steps, width, n_open = cfg["conversations"], cfg["steps"], cfg["replicas"], cfg["open"]
     load_start = load_average()
-    data: dict[str, Any] = {"config": dict(cfg)}
+    data: dict[str, Any] = {"config": dict(cfg), "other_failed": {}}
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="loopfence-bench-replicas-") as tmp_name:
         tmp = Path(tmp_name)
         children: list[Child] = []
@@ -202,20 +207,23 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
                 data["paths"][name], *was = _load(at, i * 100_000, n, steps, store if name == REDIS else None)
                 if name == REDIS:
                     before, memory = was
+                _progress(name, t0)
             data["redis"] = _executed(store, before, memory, data["paths"][REDIS])
             watch = Monitor(store)  # a pass of its own: MONITOR's feed would slow the timed load
             k = min(n, MONITORED)
-            passed, _, _ = asyncio.run(_concurrent(urls, 700_000, k, steps + 1))
+            passed, _, _ = asyncio.run(_concurrent(urls, 700_000, k, steps + 1, None, data["other_failed"]))
             sent, scripted = watch.counts()
             data["redis"]["round_trips"] = {
                 "conversations": k, "requests": passed, "per_request": sum(sent.values()) / max(passed, 1),
                 "by_command": {c: v / max(passed, 1) for c, v in sent.most_common()},
                 "run_in_scripts_per_request": sum(scripted.values()) / max(passed, 1)}
             rss = embedded.rss_kib()
-            asyncio.run(_concurrent(embedded.url, 500_000, n_open, steps))  # left open: no answer yet
+            _progress("the round-trip pass", t0)
+            asyncio.run(_concurrent([embedded.url], 500_000, n_open, steps, None, data["other_failed"]))  # left open
             data["embedded_kib_per_open_run"] = (embedded.rss_kib() - rss) / n_open
             before_open = store.used_memory()
-            opened, _, _ = asyncio.run(_concurrent(urls, 600_000, n_open, steps))
+            opened, _, _ = asyncio.run(_concurrent(urls, 600_000, n_open, steps, None, data["other_failed"]))
+            _progress("the open runs", t0)
             data["redis"] |= {"open_runs": n_open, "open_requests": opened,
                               "bytes_per_open_run": (store.used_memory() - before_open) / n_open,
                               "keys": store.client.dbsize()}
@@ -225,6 +233,7 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
             if store is not None:
                 store.close()
     data["load_average"] = {"start": load_start, "end": load_average()}
+    data["other_failed"] = {k: {"count": len(v), "first": v[0]} for k, v in data["other_failed"].items()}
     return Section(TITLE, _markdown(data, n, steps, width), data)
 
 
@@ -240,6 +249,9 @@ def _markdown(data: dict[str, Any], n: int, steps: int, width: int) -> str:
                      "yes" if d["answered_all"] else f"**no** ({d['answered']}/{n})"])
         for kind, f in d["failed"].items():
             notes.append(f"{name}: {f['count']} requests failed with {kind}, the first: {f['first']!r}.")
+    for kind, f in data["other_failed"].items():
+        notes.append(f"Outside the timed load (the round-trip pass, the open runs): {f['count']} requests failed "
+                     f"with {kind}, the first: {f['first']!r}.")
     r = data["redis"]
     t = r["round_trips"]
     executed = ", ".join(f"{k} {v:.2f}" for k, v in r["by_command_per_request"].items())
