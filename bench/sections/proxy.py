@@ -12,6 +12,7 @@ server is a process of its own. Added latency = the path's percentile minus the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import socket
@@ -162,16 +163,32 @@ def _pct(xs: list[float], p: int) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[p - 1] if len(xs) > 1 else xs[0]
 
 
-async def _concurrent(url: str, first: int, n: int, upto: int) -> tuple[int, int, float]:
+async def _concurrent(url: str | list[str], first: int, n: int, upto: int, seconds: list[float] | None = None,
+                      failed: dict[str, list[str]] | None = None) -> tuple[int, int, float]:
     """n conversations at once, each up to `upto` requests (fewer than its answer: left open):
-    (requests answered, conversations ended with their answer, wall s)."""
+    (requests answered, conversations ended with their answer, wall s). Given a list of URLs, each
+    request goes to the next one in turn (round-robin, request by request, as a load balancer would).
+    `seconds` collects each answered request's time; `failed`, when given, collects each failed
+    request's message by kind (its conversation ends there) instead of raising."""
+    urls = [url] if isinstance(url, str) else url
     talks = [Conversation(k) for k in range(first, first + n)]
     requests = 0
+    turn = itertools.count()
 
     async def one(client: httpx.AsyncClient, talk: Conversation) -> None:
         nonlocal requests
         for _ in range(upto):
-            talk.take(await client.post(f"{url}/chat/completions", json=talk.body()))
+            t0 = time.perf_counter()
+            try:
+                talk.take(await client.post(f"{urls[next(turn) % len(urls)]}/chat/completions", json=talk.body()))
+            except httpx.HTTPError as exc:
+                if failed is None:
+                    raise
+                kind, message = _failure(exc)
+                failed.setdefault(kind, []).append(message)
+                return
+            if seconds is not None:
+                seconds.append(time.perf_counter() - t0)
             requests += 1
             if talk.answered:
                 return
@@ -181,6 +198,18 @@ async def _concurrent(url: str, first: int, n: int, upto: int) -> tuple[int, int
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         await asyncio.gather(*(one(client, talk) for talk in talks))
     return requests, sum(t.answered for t in talks), time.perf_counter() - t0
+
+
+def _failure(exc: httpx.HTTPError) -> tuple[str, str]:
+    """A failed request's kind (HTTP status and error code, or the transport error's class) and message."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        got = exc.response
+        try:
+            error = got.json().get("error") or {}
+        except ValueError:
+            error = {}
+        return f"HTTP {got.status_code} {error.get('code') or ''}".strip(), str(error.get("message") or got.text)[:300]
+    return type(exc).__name__, str(exc)[:300]
 
 
 def _litellm(upstream: str, tmp: Path) -> Child | str:
