@@ -125,7 +125,7 @@ $(LITELLM): bench/requirements-litellm.txt
 	$(LITELLM_VENV)/bin/python -m pip install -q -r bench/requirements-litellm.txt
 	touch $@
 
-bench: $(BENCH) $(LITELLM)
+bench: $(BENCH) $(LITELLM) redis
 	$(BENCH_VENV)/bin/python bench/run.py
 
 clean:
