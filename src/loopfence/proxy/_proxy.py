@@ -23,6 +23,8 @@ from ._upstream import Upstream, upstream_key
 
 __all__ = ["Proxy", "load_kinds", "serve"]
 
+KEEP_ALIVE_S = 75  # an idle client connection is kept this long (nginx's default)
+
 
 def load_kinds(path: str | Path) -> dict[str, ToolKind]:
     """A TOML file of `tool_name = "kind"` (top level, or under a `[kinds]` table): side_effect,
@@ -95,8 +97,11 @@ async def serve(proxy: Proxy, host: str, port: int, announce: Callable[[str], No
     sock.setblocking(False)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
+    # Keep-alive past the clients' own (httpx and the OpenAI SDKs drop an idle connection after 5 s,
+    # uvicorn's default too): with equal timeouts a client may send on a connection the server is
+    # closing, and gets a ReadError for a request that never arrived (seen at 100 conversations at once).
     config = uvicorn.Config(proxy.app, log_level="warning", lifespan="off", access_log=False,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S)
     server = _Server(config)
     await proxy.restore()
     announce(f"http://{shown}:{bound}/v1")
