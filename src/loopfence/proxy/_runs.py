@@ -91,6 +91,7 @@ class WireRun:
     reopened: bool = False  # restored with its last request sent and no reply logged: the retry goes out once
     notes: Path | None = None  # the proxy's own notes on this run (`.proxy/<id>.jsonl`): what restarts need
     touched: float = field(default_factory=time.monotonic)  # its latest request (idle runs expire)
+    shared: list[Any] | None = None  # the guards a precheck's copy shares (`uncopied`)
     store: dict[str, Any] = field(default_factory=dict)  # what a shared store keeps beside the log (_redis)
 
     def note(self, **fields: Any) -> None:
@@ -320,7 +321,9 @@ class Runs:
             if result.stop.reason is StopReason.FINAL_ANSWER:
                 return self.reply_answer(run, reply, [])
             return self.stop_answer(run, result.stop)
-        released, stop = precheck(f)
+        if run.shared is None:  # found once per run: a guard's copyability does not change
+            run.shared = uncopied(f.guards)
+        released, stop = precheck(f, run.shared)
         if stop is not None and not released:
             await self._refuse(f)  # raises the stop
         run.held = {c.call.id for c in (f.turn.calls if f.turn else [])} - {c.call.id for c in released}
@@ -377,26 +380,27 @@ def value_of(content: str) -> Callable[[], Any]:
     return value
 
 
-def _shared(guards: Any) -> dict[int, Any]:
-    """A deepcopy memo that keeps the guards that cannot be copied (the untrusted-content gate: its
-    hook may hold a lock) as they are: the copy's other guards are its own."""
-    memo: dict[int, Any] = {}
+def uncopied(guards: Any) -> list[Any]:
+    """The guards deepcopy refuses (the untrusted-content gate: its hook may hold a lock): a copy of
+    the guards shares these and owns the rest."""
+    refused = []
     for g in guards.guards:
         try:
             copy.deepcopy(g)
         except TypeError:
-            memo[id(g)] = g
-    return memo
+            refused.append(g)
+    return refused
 
 
-def precheck(f: FencedRun) -> tuple[list[Any], Stop | None]:
+def precheck(f: FencedRun, shared: list[Any] | None = None) -> tuple[list[Any], Stop | None]:
     """The reply's calls through a copy of the run's guards, in the ring's order, as if each one
     allowed ran: (the calls to release, the stop the first refused call would get, or None). Calls
     refused without a stop (a duplicate in one reply) are not released either."""
     turn, s = f.turn, f.state
     if turn is None:
         return [], None
-    sim = copy.deepcopy(f.guards, _shared(f.guards))
+    shared = uncopied(f.guards) if shared is None else shared
+    sim = copy.deepcopy(f.guards, {id(g): g for g in shared})
     saved = (s.log, s.ledger.tool_executions, s.warning)
     s.log = None  # the copy writes nothing
     released = []
