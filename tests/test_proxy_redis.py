@@ -391,3 +391,17 @@ def test_an_unreachable_store_is_a_clear_503(tmp_path: Path, replicas: Replicas)
         assert "race:down" not in str(replicas.upstream.by_tag)  # nothing was forwarded
         assert httpx.get(f"{p.base_url.removesuffix('/v1')}/loopfence/runs").status_code == 503
         assert "cannot be reached" in p.stderr()
+
+
+def test_a_replica_starting_brings_short_log_files_up_to_the_store(replicas: Replicas) -> None:
+    url = replicas.url()
+    with Workspace() as ws:
+        ended = converse(url, "paging_5", ws, "heal")
+    path = replicas.tmp / "logs" / f"{ended.run}.jsonl"
+    whole = path.read_bytes()
+    lines = whole.splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-3]) + lines[-3][:10])  # a replica killed after its commit, mid-write
+    replicas.replace(0)  # a replica starts: it heals the files
+    assert path.read_bytes() == whole
+    finished_log(replicas, ended)
+    replicas.url()

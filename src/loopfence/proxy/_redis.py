@@ -31,7 +31,8 @@ file) is answered 503, never started afresh with its budgets reset. Run Redis wi
 
 The log file `<logs>/<id>.jsonl` is written from the list: after each commit the replica brings the
 file up to the version it committed (under `flock`, fetching lines it did not write), so on a shared
-volume there is one log per run, complete and in order, whichever replica served each request. Keys
+volume there is one log per run, complete and in order, whichever replica served each request (and a
+replica starting brings every file up to the store: `heal`). Keys
 expire after `expire_after` seconds idle; the files stay.
 """
 
@@ -200,13 +201,33 @@ class RedisRuns(Runs):
         return f"redis {self.url.split('@')[-1]}"
 
     async def connect(self) -> str | None:
-        """Join the store: adopt its epoch (or set ours). The problem, in words, if Redis is unreachable."""
+        """Join the store: adopt its epoch (or set ours), then bring the log files up to the store
+        (`heal`). The problem, in words, if Redis is unreachable."""
         try:
             await self.redis.set(PREFIX + "epoch", self.epoch, nx=True)
             self.epoch = _text(await self.redis.get(PREFIX + "epoch") or self.epoch)
+            await self.heal()
         except self._errors as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
+
+    async def heal(self) -> int:
+        """Every log file of a run the store holds, brought up to the store's version: a replica killed
+        between a commit and its file write leaves the file short. How many files were behind."""
+        logs, behind = self.settings.logs, 0
+        if logs is None:
+            return 0
+        async for key in self.redis.scan_iter(match=PREFIX + "run:*", count=500):
+            rid = _text(key)[len(PREFIX) + 4:]
+            version = await self.redis.hget(key, "version")
+            path = logs / f"{rid}.jsonl"
+            if version is None or not RUN_ID.fullmatch(rid):
+                continue
+            have = path.read_bytes().count(b"\n") if path.exists() else 0
+            if have < int(version):
+                await self._mirror(rid, int(version), [])
+                behind += 1
+        return behind
 
     async def aclose(self) -> None:
         await self.redis.aclose()
