@@ -34,7 +34,7 @@ from bench.common import Script, calls_of, final_text  # noqa: E402
 from bench.scripts import HONEST, RUNAWAY  # noqa: E402
 
 __all__ = ["ROOT", "TS", "SCRIPTS", "KINDS", "REASONS", "stops_at_the_minimum", "ScriptServer", "Proxy", "task", "kinds_file", "seed_workspace",
-           "node_modules", "run_loop", "node_script", "logs_in", "reconciles", "replays", "first_json"]
+           "node_modules", "run_loop", "node_script", "logs_in", "reconciles", "replays", "first_json", "run_calls"]
 
 TS = ROOT / "tests" / "ts"
 SCRIPTS: dict[str, Script] = {s.name: s for s in RUNAWAY + HONEST}
@@ -225,3 +225,12 @@ def replays(log: Path) -> None:
     """`loopfence replay LOG` exits 0: the rules, fed the recorded traffic, reach the same stop."""
     assert cli(["replay", str(log)]) == 0, f"{log.name} does not replay"
 
+
+
+def run_calls(ws: Any, message: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+    """The calls of an assistant message run for real with `ws.tools`, each result appended to
+    `messages` as a tool message: how many ran."""
+    for call in message.get("tool_calls") or []:
+        result = ws.tools[call["function"]["name"]](**json.loads(call["function"]["arguments"]))
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": str(result)})
+    return len(message.get("tool_calls") or [])

@@ -13,7 +13,6 @@ scripts, two kill points each, both kinds of kill) under the slow marker.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ import pytest
 from loopfence import tool
 from loopfence.runlog import read_log
 
-from _proxy_support import Proxy, ScriptServer, kinds_file, logs_in, reconciles, task
+from _proxy_support import Proxy, ScriptServer, kinds_file, logs_in, reconciles, run_calls, task
 from bench.common import Workspace  # _proxy_support put the root on sys.path
 
 HOLD_S = 120.0  # how long the upstream holds a reply for the kill: bounds a failure, not a speed
@@ -116,10 +115,7 @@ def client_loop(fence: Fence, name: str, ws: Workspace, tag: str, *, kill_at: in
         if not message.get("tool_calls"):
             ended.answer = message.get("content")
             return ended
-        for call in message["tool_calls"]:
-            ended.executions += 1
-            result = ws.tools[call["function"]["name"]](**json.loads(call["function"]["arguments"]))
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": str(result)})
+        ended.executions += run_calls(ws, message, messages)
     pytest.fail(f"{name}: no answer in {turns} turns")
 
 

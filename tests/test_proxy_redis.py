@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from _proxy_support import (
     kinds_file,
     reconciles,
     replays,
+    run_calls,
     stops_at_the_minimum,
     task,
 )
@@ -181,10 +181,7 @@ def converse(url: str, name: str, ws: Workspace, tag: str, *, turns: int = 40,
         if not message.get("tool_calls"):
             ended.answer = message.get("content")
             return ended
-        for call in message["tool_calls"]:
-            ended.executions += 1
-            result = ws.tools[call["function"]["name"]](**json.loads(call["function"]["arguments"]))
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": str(result)})
+        ended.executions += run_calls(ws, message, messages)
     pytest.fail(f"{name}: no answer in {turns} turns")
 
 

@@ -108,13 +108,18 @@ class Child:
         return 0
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL after 30 s; returns once the process is gone."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _module(*args: str) -> list[str]:

@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from ..report import Section, load_average, load_note, met, table
-from .proxy import Child, _concurrent, _module, _pct
+from .proxy import Child, _concurrent, _module, _pct, stop
 
 __all__ = ["TITLE", "run"]
 
@@ -77,13 +77,7 @@ class RedisServer:
 
     def close(self) -> None:
         self.client.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
 
 
 class Monitor:

@@ -237,9 +237,12 @@ class RedisRuns(Runs):
         try:
             return await script(keys=[PREFIX], args=args)
         except self._errors as exc:
-            raise StoreDown(f"the run state store ({self.describe_store()}) failed ({type(exc).__name__}: "
-                            f"{str(exc)[:200]}); the proxy fails closed: this request was not answered, send it "
-                            "again once the store is back") from None
+            raise self._down(exc) from None
+
+    def _down(self, exc: BaseException) -> StoreDown:
+        return StoreDown(f"the run state store ({self.describe_store()}) cannot be reached or failed "
+                         f"({type(exc).__name__}: {str(exc)[:200]}); the proxy fails closed: this request was not "
+                         "answered, send it again once the store is back")
 
     # -- what the app reads -----------------------------------------------------------------------
     async def listing(self, owner: str | None) -> list[dict[str, Any]]:
@@ -250,7 +253,7 @@ class RedisRuns(Runs):
                 if desc is not None and _text(who) == (owner or ""):
                     out.append(json.loads(desc))
         except self._errors as exc:
-            raise StoreDown(f"the run state store ({self.describe_store()}) cannot be reached: {exc}") from None
+            raise self._down(exc) from None
         return out
 
     async def one(self, rid: str, owner: str | None) -> dict[str, Any] | None:
@@ -259,7 +262,7 @@ class RedisRuns(Runs):
             key = PREFIX + "run:" + (_text(found) if found is not None else rid)
             who, desc = await self.redis.hmget(key, "owner", "desc")
         except self._errors as exc:
-            raise StoreDown(f"the run state store ({self.describe_store()}) cannot be reached: {exc}") from None
+            raise self._down(exc) from None
         if desc is None or _text(who) != (owner or ""):
             return None
         return json.loads(desc)
