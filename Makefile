@@ -11,7 +11,7 @@ BENCH  := $(BENCH_VENV)/.installed
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: run test test-fast docs sandbox redis chromium mcp-servers ts-deps local bench clean
+.PHONY: run test test-fast docs sandbox redis chromium mcp-servers ts-deps agents local bench clean
 
 $(BASE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,22 @@ $(MCP_FS):
 
 mcp-servers: $(MCP_FETCH) $(MCP_FS)
 
+# Real agents the proxy's tests drive with no header and no code change (tests/test_proxy_agents.py),
+# pinned, in a venv of their own under build/ (their pins are not loopfence's): smolagents'
+# ToolCallingAgent and CodeAgent, mini-swe-agent's text mode.
+AGENTS := build/agents
+SMOLAGENTS_VERSION := 1.26.0
+MINI_SWE_AGENT_VERSION := 2.4.6
+AGENTS_STAMP := $(AGENTS)/.installed-$(SMOLAGENTS_VERSION)-$(MINI_SWE_AGENT_VERSION)
+
+$(AGENTS_STAMP):
+	$(PYTHON) -m venv $(AGENTS)
+	$(AGENTS)/bin/python -m pip install -q "smolagents[openai]==$(SMOLAGENTS_VERSION)" \
+	  "mini-swe-agent==$(MINI_SWE_AGENT_VERSION)"
+	touch $@
+
+agents: $(AGENTS_STAMP)
+
 # The proxy's TypeScript clients (tests/ts: an agent loop in plain fetch, the official openai Node SDK),
 # pinned by tests/ts/package-lock.json; tsx runs the .ts files on node 20 (no native TypeScript there).
 TS_DEPS := tests/ts/node_modules/.installed
@@ -97,10 +113,10 @@ run: $(LOCAL) sandbox
 	@$(VENV)/bin/loopfence run '$(RUN_TASK)' --workspace runs/workspace --system "$(RUN_SYSTEM)" \
 	  --seed $(RUN_SEED) --temperature $(RUN_TEMPERATURE); rc=$$?; [ $$rc -le 1 ]
 
-test: $(LOCAL) sandbox redis chromium mcp-servers ts-deps
+test: $(LOCAL) sandbox redis chromium mcp-servers ts-deps agents
 	$(PY) -m pytest
 
-test-fast: $(BASE) sandbox redis chromium mcp-servers ts-deps
+test-fast: $(BASE) sandbox redis chromium mcp-servers ts-deps agents
 	$(PY) -m pytest -m "not slow and not local_model"
 
 # The documentation site (mkdocs.yml, docs/) into build/site/; strict: a broken link or reference fails.

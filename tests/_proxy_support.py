@@ -34,7 +34,8 @@ from bench.common import Script, calls_of, final_text  # noqa: E402
 from bench.scripts import HONEST, RUNAWAY  # noqa: E402
 
 __all__ = ["ROOT", "TS", "SCRIPTS", "KINDS", "REASONS", "stops_at_the_minimum", "ScriptServer", "Proxy", "task", "kinds_file", "seed_workspace",
-           "node_modules", "run_loop", "node_script", "logs_in", "reconciles", "replays", "first_json", "run_calls"]
+           "node_modules", "run_loop", "node_script", "logs_in", "reconciles", "replays", "first_json", "run_calls",
+           "ReplyServer", "reset_all"]
 
 TS = ROOT / "tests" / "ts"
 SCRIPTS: dict[str, Script] = {s.name: s for s in RUNAWAY + HONEST}
@@ -100,6 +101,21 @@ class ScriptServer(FakeServer):
             return text_reply(text, usage=(40 + 10 * turn_no, 5))
         calls = [tool_call(n, raw, id=f"call_{turn_no}_{j}") for j, (n, raw) in enumerate(calls_of(turn))]
         return calls_reply(*calls, usage=(40 + 10 * turn_no, 12))
+
+
+class ReplyServer(FakeServer):
+    """An upstream whose reply to each request is `reply(body)` (a FakeServer reply form), over real
+    HTTP; `requests` holds every body it got."""
+
+    def __init__(self, reply: Any) -> None:
+        super().__init__([text_reply("unused")])
+        self.reply = reply
+
+    def _next(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        with self._lock:
+            self.requests.append(body)
+            self.headers.append(headers)
+        return self.reply(body)
 
 
 class Proxy:
@@ -225,6 +241,21 @@ def replays(log: Path) -> None:
     """`loopfence replay LOG` exits 0: the rules, fed the recorded traffic, reach the same stop."""
     assert cli(["replay", str(log)]) == 0, f"{log.name} does not replay"
 
+
+
+def reset_all(base_url: str, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """POST /loopfence/runs/{id}/reset for every run the client sees (an agent's episode is over:
+    each run ends, its log gets its stop line): what each reset returned."""
+    import httpx
+
+    root = base_url.removesuffix("/v1")
+    listed = httpx.get(f"{root}/loopfence/runs", headers=headers, timeout=30).json()["data"]
+    out = []
+    for run in listed:
+        r = httpx.post(f"{root}/loopfence/runs/{run['id']}/reset", headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        out.append(r.json())
+    return out
 
 
 def run_calls(ws: Any, message: dict[str, Any], messages: list[dict[str, Any]]) -> int:

@@ -39,7 +39,7 @@ from bench.common import Workspace  # _proxy_support put the root on sys.path
 from bench.scripts import HONEST, RUNAWAY
 from loopfence import tool
 from loopfence._log import read_log
-from loopfence.testing import calls_reply, tool_call
+from loopfence.testing import calls_reply, text_reply, tool_call
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,8 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
 
 class Upstream(ScriptServer):
     """The bench's scripts (ScriptServer), and for a conversation whose first user message starts with
-    "race:<tag>", a fresh read_file call each time (counted per tag in `by_tag`). `hold` names a
+    "race:<tag>", a fresh read_file call each time (counted per tag in `by_tag`; "race:text-<tag>": a
+    fresh text answer). `hold` names a
     (task, turn) whose reply waits for `release`, setting `arrived` when it comes in."""
 
     def __init__(self) -> None:
@@ -70,6 +71,8 @@ class Upstream(ScriptServer):
             with self._lock:
                 self.requests.append(body)
                 self.by_tag[tag] = k = self.by_tag.get(tag, 0) + 1
+            if tag.startswith("race:text-"):  # answered in text
+                return text_reply(f"answer {k}")
             return calls_reply(tool_call("read_file", {"path": f"p{k}"}, id=f"call_{k}"))
         form = super()._next(body, headers)
         turn = sum(1 for m in messages if m.get("role") == "assistant")
@@ -235,6 +238,41 @@ def test_fifty_requests_of_one_run_against_room_for_ten_let_exactly_ten_through(
         assert len(log.of("request")) == BUDGET and log.stop is not None and log.stop.reason == "max_steps"
 
 
+def test_fifty_text_answered_branches_of_one_name_against_room_for_ten_let_exactly_ten_through(
+        replicas: Replicas) -> None:
+    """A text answer does not end a named run: 50 branches under one name, no tools, each answered
+    in text, meet one budget of 10 however the replicas share them."""
+    url = replicas.url()
+    for trial in range(3):
+        tag = f"race:text-{trial}"
+        bodies = [{"model": "m", "messages": [{"role": "user", "content": f"{tag} branch {i}"}]} for i in range(50)]
+        got = asyncio.run(_at_once(url, bodies, {"X-Loopfence-Run": f"text-{trial}"}))
+        assert {r.status_code for r in got} == {200}, [r.text for r in got if r.status_code != 200][:2]
+        assert replicas.upstream.by_tag[tag] == BUDGET, (trial, replicas.upstream.by_tag[tag])
+        stops = [r.headers.get("x-loopfence-stop") for r in got]
+        assert stops.count(None) == BUDGET and stops.count("max_steps") == 50 - BUDGET, (trial, stops)
+        assert {r.headers["x-loopfence-run"] for r in got} == {f"text-{trial}"}
+
+
+def test_reset_on_one_replica_ends_the_run_and_frees_its_name_for_all(replicas: Replicas) -> None:
+    a, b = (p.base_url for p in replicas.procs[:2])
+    tag, name = "race:text-reset", "text-reset"
+    for i in range(BUDGET + 1):  # the budget, then its stop
+        r = httpx.post(f"{a}/chat/completions", headers={"X-Loopfence-Run": name}, timeout=HOLD_S,
+                       json={"model": "m", "messages": [{"role": "user", "content": f"{tag} {i}"}]})
+    assert r.headers.get("x-loopfence-stop") == "max_steps"
+    ended = httpx.post(f"{b.removesuffix('/v1')}/loopfence/runs/{name}/reset", timeout=HOLD_S)
+    assert ended.status_code == 200 and ended.json()["stop"]["reason"] == "max_steps", ended.text
+    again = httpx.post(f"{a}/chat/completions", headers={"X-Loopfence-Run": name}, timeout=HOLD_S,
+                       json={"model": "m", "messages": [{"role": "user", "content": f"{tag} again"}]})
+    assert again.headers["x-loopfence-run"] == f"{name}-2" and "x-loopfence-stop" not in again.headers
+    assert replicas.upstream.by_tag[tag] == BUDGET + 1
+    reset = httpx.post(f"{a.removesuffix('/v1')}/loopfence/runs/{name}-2/reset", timeout=HOLD_S)
+    assert reset.status_code == 200 and reset.json()["stop"]["reason"] == "final_answer", reset.text
+    reconciles(replicas.tmp / "logs" / f"{name}-2.jsonl")
+    replays(replicas.tmp / "logs" / f"{name}-2.jsonl")
+
+
 def test_ten_copies_of_one_request_reach_the_upstream_once_and_all_get_its_answer(replicas: Replicas) -> None:
     url = replicas.url()
     for trial in range(TRIALS):
@@ -366,8 +404,11 @@ def test_runs_are_shared_between_replicas_and_keys_are_enforced(tmp_path: Path, 
             assert httpx.get(f"{b.base_url.removesuffix('/v1')}/loopfence/runs/k1", headers=bob).status_code == 404
             listed = httpx.get(f"{b.base_url.removesuffix('/v1')}/loopfence/runs", headers=alice).json()["data"]
             assert [d["id"] for d in listed] == ["k1"]
+            # a run name is scoped to the client's key: bob's "k1" is a run of his own, alice's stays hers
             r = httpx.post(f"{b.base_url}/chat/completions", json=body, headers={**bob, "X-Loopfence-Run": "k1"})
-            assert r.status_code == 403, r.text
+            assert r.status_code == 200 and r.headers["x-loopfence-run"] == "k1-2", r.text
+            mine = httpx.get(f"{a.base_url.removesuffix('/v1')}/loopfence/runs/k1", headers=alice).json()
+            assert mine["id"] == "k1" and mine["ledger"]["model_requests"] == 1
             time.sleep(2.5)  # --expire-after 1: idle past it
             keys = redis.client().keys("lf:*k1*")
             assert keys == [], keys

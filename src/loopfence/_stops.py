@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # typing only: this module imports nothing of the package at run time
     from ._limits import LedgerSnapshot
 
-__all__ = ["StopReason", "Stop", "StopError", "Verdict", "RunResult"]
+__all__ = ["StopReason", "Stop", "StopError", "Verdict", "RunResult", "left_by_client"]
 
 
 class StopReason(StrEnum):
@@ -107,3 +107,10 @@ class RunResult:
     @property
     def verdict(self) -> Verdict:
         return self.stop.verdict
+
+
+def left_by_client(reason: str, data: Any) -> bool:
+    """A run its client ended with calls still open (the proxy: nothing more came, the last reply is
+    the answer): `final_answer` whose data lists the calls with no result recorded (`unanswered`).
+    Replay and reconcile take it, like a framework's own limit, from outside the ring."""
+    return reason == StopReason.FINAL_ANSWER and isinstance(data, dict) and isinstance(data.get("unanswered"), list)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--lease", metavar="SECONDS", type=float, default=30.0,
                    help="with --state: how long a replica killed mid-request holds its run before another "
                    "replica may take it over (renewed while a request is at work; default 30)")
+    p.add_argument("--session-header", metavar="NAME", action="append", default=[],
+                   help="a request header whose value names the run, as X-Loopfence-Run does (repeatable; "
+                   "built in: x-session-id, x-litellm-session-id, x-claude-code-session-id, session-id)")
+    p.add_argument("--budget-per-turn", action="store_true",
+                   help="a named run ends at a text answer, and the name's next request starts fresh budgets "
+                   "(NAME-2, ...): for chat front-ends that fence each user turn; default: one set of budgets "
+                   "for as long as the name lives (POST /loopfence/runs/NAME/reset starts afresh)")
     p.add_argument("--key", metavar="KEY", action="append", default=[],
                    help="a client key (repeatable): clients then send Authorization: Bearer KEY, and each "
                    "sees only its own runs")
@@ -73,8 +81,12 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--lease must be a number of seconds over 0, got {args.lease}")
     if args.state is not None and not args.state.startswith(("redis://", "rediss://", "unix://")):
         raise UsageError(f"--state must be a redis://HOST:PORT/N URL (or rediss://, unix://), got {args.state!r}")
+    bad = next((h for h in args.session_header if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", h)), None)
+    if bad is not None:
+        raise UsageError(f"--session-header must be an HTTP header name, got {bad!r}")
     settings = Settings(limits=limits, kinds=kinds, on_stop=args.on_stop, logs=Path(args.logs),
-                        expire_after=args.expire_after)
+                        expire_after=args.expire_after, per_turn=args.budget_per_turn,
+                        session_headers=tuple(args.session_header))
     try:
         proxy = Proxy(args.upstream, settings, keys=args.key, state=args.state, lease=args.lease)
     except ValueError as exc:

@@ -45,7 +45,7 @@ from .._loop import drive, new_state
 from .._messages import Reply, Request
 from .._prices import PriceBook, PriceError
 from .._state import RunState
-from .._stops import RunResult, Stop, StopError, StopReason
+from .._stops import RunResult, Stop, StopError, StopReason, left_by_client
 from ..models._base import Model
 from ..tools._executor import Executor, ToolResult
 from ..tools._registry import Registry, Tool, ToolKind
@@ -566,7 +566,8 @@ class Playback:
 
 
 class RecordedEnd(Guard):
-    """The recorded run ended by a fenced framework's own limit (`framework_limit`): asked first at
+    """The recorded run ended by a fenced framework's own limit (`framework_limit`), or by its client
+    with calls open (`left_by_client`: a proxy run nothing more came for): asked first at
     every point the ring asks its guards, it ends the run again with the recorded stop where the
     recording holds nothing more but that stop (and its not-run calls), before the ring asks for a
     request, runs a call or checks a turn the framework never came to."""
@@ -577,7 +578,7 @@ class RecordedEnd(Guard):
     def _here(self) -> Stop | None:
         log = self.log
         stop = log.rec.stop_ahead() if log.live is None and log.detached is None else None
-        if stop is None or stop.reason != StopReason.FRAMEWORK_LIMIT:
+        if stop is None or not (stop.reason == StopReason.FRAMEWORK_LIMIT or left_by_client(stop.reason, stop.data)):
             return None
         return log.recorded_stop(stop).stop
 

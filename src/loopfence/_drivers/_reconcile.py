@@ -30,7 +30,7 @@ from .._log._reader import RunLogFile, read_log
 from .._log._schema import (AnswerLine, CallLine, GateLine, LastAnswerLine, NudgeLine, ReplyLine, RequestLine,
                             ResultLine, StopLine)
 from .._messages import Reply
-from .._stops import StopReason, Verdict
+from .._stops import StopReason, Verdict, left_by_client
 from ._prefix import fold_prefix
 from ._rebuild import recorded_limits, recorded_policy, registry_of
 from ._refold import refold
@@ -126,7 +126,7 @@ def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = Non
     calls = [e for e in log.events if isinstance(e, CallLine)]
     checks = [
         _in_order(log),
-        *_pairing(turns, results),
+        *_pairing(turns, results, unanswered=_unanswered(stop)),
         _intents(calls, results),
         _taint(log, results),
         _steps(log, ledger),
@@ -169,9 +169,17 @@ def _turn(e: ReplyLine) -> _Turn:
     return _Turn(e.step, e, parsed)
 
 
-def _pairing(turns: list[_Turn], results: list[ResultLine], open_step: int | None = None) -> list[Check]:
+def _unanswered(stop: StopLine | None) -> list[str]:
+    """The calls a run's client never sent a result for (`left_by_client`): a finding, not a failure."""
+    return [str(c) for c in stop.data["unanswered"]] if stop is not None and left_by_client(stop.reason, stop.data) \
+        else []
+
+
+def _pairing(turns: list[_Turn], results: list[ResultLine], open_step: int | None = None,
+             unanswered: list[str] | None = None) -> list[Check]:
     """Key calls by (step, id, position): scripted models reuse ids across (and within) steps.
-    `open_step`: an unfinished log's last turn, whose calls may not have their results yet."""
+    `open_step`: an unfinished log's last turn, whose calls may not have their results yet;
+    `unanswered`: the calls its client never answered (named in the detail)."""
     wanted: dict[tuple[int, str], list[int]] = {}
     unreadable = [t.reply.line for t in turns if t.parsed is None]
     for t in turns:
@@ -187,8 +195,10 @@ def _pairing(turns: list[_Turn], results: list[ResultLine], open_step: int | Non
             orphans.append(f"line {r.line} ({r.tool_call_id} at step {r.step})")
     missing = [f"{cid} (step {step}, position {p})" for (step, cid), ps in wanted.items() for p in ps
                if step != open_step]
+    found = f"; no result recorded for {', '.join(unanswered)} (the client sent no further request)" \
+        if unanswered else ""
     one = Check("one_result_per_call", not missing and not unreadable,
-                "all calls answered" if not missing and not unreadable else
+                f"all calls answered{found}" if not missing and not unreadable else
                 "; ".join(([f"no result for {', '.join(missing)}"] if missing else [])
                           + ([f"unreadable replies at lines {unreadable}"] if unreadable else [])))
     return [one, Check("no_orphan_results", not orphans,

@@ -42,7 +42,7 @@ from .._limits import Limits
 from .._log._large import short_key
 from .._log._reader import RunLogFile
 from .._log._schema import StopLine
-from .._stops import Stop, StopReason
+from .._stops import Stop, StopReason, left_by_client
 from ._playback import Divergence, Playback, PlaybackLog, RecordingEnded, decisions
 from ._rebuild import gated_names, limits_of, registry_of
 
@@ -157,6 +157,9 @@ def _taken(stop: StopLine, ring: Stop, limits: Limits) -> Refold:
     if stop.reason == StopReason.FRAMEWORK_LIMIT:
         return Refold(True, f"line {stop.line}: the framework's own limit ended the run ({stop.detail}), "
                       "outside the ring; the guards agree with the log up to there", ring, False)
+    if left_by_client(stop.reason, stop.data):
+        return Refold(True, f"line {stop.line}: the client ended the run with calls open ({stop.detail}), outside "
+                      "the ring; the guards agree with the log up to there", ring, False)
     if stop.reason in FROM_OUTSIDE or _late(stop, limits):
         return Refold(True, f"line {stop.line}: the recorded model call or tool ended the run with "
                       f"{stop.reason}, which comes from outside the ring; the guards agree with the log "

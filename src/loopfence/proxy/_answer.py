@@ -15,18 +15,22 @@ from typing import Any
 
 from .._stops import Stop, StopReason
 
-__all__ = ["Answer", "stop_text", "RUN_HEADER", "STOP_HEADER", "sse"]
+__all__ = ["Answer", "stop_text", "RUN_HEADER", "STOP_HEADER", "STOP_MARKER", "ZERO_USAGE", "sse"]
 
 RUN_HEADER = "X-Loopfence-Run"
 STOP_HEADER = "X-Loopfence-Stop"
+# Every stop's text starts with this, so that a program (or a person reading an agent's "final
+# answer") can tell a stop from a model's answer: `text.startswith(STOP_MARKER)`.
+STOP_MARKER = "[loopfence stop]"
+ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
 def stop_text(stop: Stop) -> str:
-    """The stop in words, for the assistant message that ends the client's loop: reason, detail,
-    limit and value."""
+    """The stop in words, for the assistant message that ends the client's loop: the marker, reason,
+    limit and value, detail."""
     limit, value = stop.data.get("limit"), stop.data.get("value")
     numbers = f" (limit {limit}, value {value})" if limit is not None else ""
-    return f"loopfence stopped this run: {stop.reason}{numbers}. {stop.detail}"
+    return f"{STOP_MARKER} loopfence stopped this run: {stop.reason}{numbers}. {stop.detail}"
 
 
 def sse(obj: Any) -> bytes:
@@ -51,8 +55,9 @@ class Answer:
 
     @classmethod
     def stopped(cls, run_id: str, ident: str, model: str, stop: Stop, as_error: bool) -> Answer:
+        """The stop as a complete chat.completion: nothing was spent on it (zero usage)."""
         return cls(run_id, ident, model, {"role": "assistant", "content": stop_text(stop)}, "stop",
-                   None, stop, as_error, int(time.time()))
+                   dict(ZERO_USAGE), stop, as_error, int(time.time()))
 
     def to_json(self) -> dict[str, Any]:
         """As the proxy's own notes keep it (`.proxy/<run id>.jsonl` in the log folder)."""
@@ -82,13 +87,10 @@ class Answer:
             assert self.stop is not None
             return {"error": {"message": stop_text(self.stop), "type": "loopfence_stop",
                               "code": str(self.stop.reason), "param": None}}
-        out: dict[str, Any] = {"id": self.ident, "object": "chat.completion", "created": self.created,
-                               "model": self.model, "choices": [{"index": 0, "message": self.message,
-                                                                 "logprobs": None,
-                                                                 "finish_reason": self.finish_reason}]}
-        if self.usage is not None:
-            out["usage"] = self.usage
-        return out
+        return {"id": self.ident, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "message": self.message, "logprobs": None,
+                             "finish_reason": self.finish_reason}],
+                "usage": self.usage or dict(ZERO_USAGE)}
 
     # -- the stream ------------------------------------------------------------------------------
     def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -112,7 +114,7 @@ class Answer:
             out.append(sse(self.chunk({"tool_calls": [{"index": i, **call}]})))
         out.append(sse(self.chunk({}, self.finish_reason)))
         if include_usage:
-            usage = self.usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+            usage = self.usage or dict(ZERO_USAGE)
             out.append(sse({"id": self.ident, "object": "chat.completion.chunk", "created": self.created,
                             "model": self.model, "choices": [], "usage": usage}))
         out.append(b"data: [DONE]\n\n")

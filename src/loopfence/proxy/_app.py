@@ -3,7 +3,11 @@
     POST /v1/chat/completions   streamed or not; every answer carries X-Loopfence-Run
     GET  /v1/models             passed through from the upstream
     GET  /loopfence/runs        this client's runs: ledger and stop
-    GET  /loopfence/runs/{id}
+    GET  /loopfence/runs/{id}   one of them, by id or by this client's run name
+    POST /loopfence/runs/{id}/reset   end it (its log gets its stop line) and free its name
+
+The run name is the `X-Loopfence-Run` header, else the first session header an agent sends
+(`SESSION_HEADERS`, then `Settings.session_headers`), each scoped to the client's key.
 
 Client keys (`keys`): when any are set, every route wants `Authorization: Bearer <one of them>`, and
 a client sees only the runs opened with its own key. The body is read within `max_body` bytes.
@@ -17,6 +21,8 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
+import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -31,9 +37,26 @@ from ._answer import RUN_HEADER, Answer, sse
 from ._runs import Runs
 from ._wire import BadRequest, Incoming, parse
 
-__all__ = ["create_app", "MAX_BODY"]
+__all__ = ["create_app", "MAX_BODY", "SESSION_HEADERS", "run_name"]
 
 MAX_BODY = 16 << 20  # bytes of one request body, at most
+# The session ids real agents send, taken as run names (docs/proxy.md, "Run names"): opencode's,
+# LiteLLM's (OpenHands, LiteLLM clients), Claude Code's, Codex's.
+SESSION_HEADERS = ("x-session-id", "x-litellm-session-id", "x-claude-code-session-id", "session-id")
+_NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def run_name(headers: Any, session_headers: Iterable[str] = SESSION_HEADERS) -> str | None:
+    """The run name a request gives: its `X-Loopfence-Run` header (as sent: a bad one is refused by
+    name), else its first session header (one that is not a run id is named by its digest)."""
+    named = headers.get(RUN_HEADER)
+    if named is not None:
+        return str(named)
+    for h in session_headers:
+        sid = headers.get(h)
+        if sid:
+            return sid if _NAME_OK.fullmatch(sid) else f"s-{hashlib.sha256(sid.encode()).hexdigest()[:24]}"
+    return None
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -45,6 +68,7 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
 def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY) -> Starlette:
     """The proxy's ASGI app over `runs` (see the module doc)."""
     allowed = [k.encode() for k in keys]
+    sessions = (*SESSION_HEADERS, *(h.lower() for h in runs.settings.session_headers))
     tasks: set[asyncio.Task[Any]] = set()  # requests at work (kept from the garbage collector)
 
     def owner(request: Request) -> str | None:
@@ -80,7 +104,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
         except BadRequest as exc:
             return JSONResponse(exc.body(), exc.status)
-        named = request.headers.get(RUN_HEADER)
+        named = run_name(request.headers, sessions)
         ua = request.headers.get("user-agent", "")
         if incoming.stream:
             return await _streamed(incoming, named, ua, who)
@@ -107,8 +131,9 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
                 return JSONResponse(answer.body(), answer.status, headers=answer.headers())
             return StreamingResponse(_iterate(answer.stream_tail("", incoming.include_usage)),
                                      media_type="text/event-stream", headers=answer.headers())
-        ident = f"chatcmpl-lf-{uuid.uuid4().hex[:24]}"
-        return StreamingResponse(_relayed(first, queue, task, ident, incoming.include_usage),
+        head = Answer("", f"chatcmpl-lf-{uuid.uuid4().hex[:24]}", incoming.model or "", {}, "stop",
+                      created=int(time.time()))
+        return StreamingResponse(_relayed(first, queue, task, head, incoming.include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", RUN_HEADER: rid[0] if rid else ""})
 
@@ -137,25 +162,29 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             return JSONResponse(exc.body(), exc.status)
         return JSONResponse({"object": "list", "data": data})
 
-    async def one_run(request: Request) -> Response:
-        try:
-            who = owner(request)
-        except PermissionError:
-            return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
-        rid = request.path_params["run_id"]
-        try:
-            run = await runs.one(rid, who)
-        except BadRequest as exc:
-            return JSONResponse(exc.body(), exc.status)
-        if run is None:
-            return _error(404, f"no run {rid!r} for this client", code="run_not_found")
-        return JSONResponse(run, headers={RUN_HEADER: run["id"]})
+    def run_route(act: Any) -> Any:
+        """A route on one of this client's runs (by id or run name): `act(rid, who)`, 404 if none."""
+        async def route(request: Request) -> Response:
+            try:
+                who = owner(request)
+            except PermissionError:
+                return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
+            rid = request.path_params["run_id"]
+            try:
+                run = await act(rid, who)
+            except BadRequest as exc:
+                return JSONResponse(exc.body(), exc.status)
+            if run is None:
+                return _error(404, f"no run {rid!r} for this client", code="run_not_found")
+            return JSONResponse(run, headers={RUN_HEADER: run["id"]})
+        return route
 
     return Starlette(routes=[
         Route("/v1/chat/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/loopfence/runs", list_runs, methods=["GET"]),
-        Route("/loopfence/runs/{run_id}", one_run, methods=["GET"]),
+        Route("/loopfence/runs/{run_id}", run_route(runs.one), methods=["GET"]),
+        Route("/loopfence/runs/{run_id}/reset", run_route(runs.reset), methods=["POST"]),
     ])
 
 
@@ -164,12 +193,12 @@ async def _iterate(parts: list[bytes]) -> AsyncIterator[bytes]:
         yield p
 
 
-async def _relayed(first: str, queue: asyncio.Queue[str | None], task: asyncio.Task[Any], ident: str,
+async def _relayed(first: str, queue: asyncio.Queue[str | None], task: asyncio.Task[Any], head: Answer,
                    include_usage: bool) -> AsyncIterator[bytes]:
-    """Text deltas as they arrive, then the rest once the reply is whole and checked."""
+    """Text deltas as they arrive, then the rest once the reply is whole and checked: every chunk
+    with the id, model and time of the first (`head`)."""
     sent = ""
     item: str | None = first
-    head = Answer("", ident, "", {}, "stop")
     while item is not None:
         yield sse(head.chunk({"role": "assistant", "content": item} if not sent else {"content": item}))
         sent += item
@@ -180,7 +209,7 @@ async def _relayed(first: str, queue: asyncio.Queue[str | None], task: asyncio.T
         yield sse({"error": {"message": f"{type(exc).__name__}: {exc}"[:500], "type": "server_error"}})
         yield b"data: [DONE]\n\n"
         return
-    answer = dataclasses.replace(answer, ident=ident)
+    answer = dataclasses.replace(answer, ident=head.ident, model=head.model or answer.model, created=head.created)
     parts = answer.stream_tail(sent, include_usage) if answer.status == 200 else answer.error_stream()
     for p in parts:
         yield p

@@ -6,7 +6,9 @@ truth, and a replica rebuilds the run from them as a restart does (`_restore.fol
 run again over the recorded traffic). Beside the list, the hash `lf:run:<id>` holds what the log does
 not: who opened it, its version (the list's length), the latest request's digest and its answer, the
 stop's answer, the conversation digests (`meta`), and the summary `GET /loopfence/runs` shows. The
-keys `lf:name:<name>`, `lf:conv:<digest>` and `lf:latest:<digest>` route a request to its run.
+keys `lf:name:<client key digest>/<name>`, `lf:conv:<digest>` and `lf:latest:<digest>` route a request to
+its run (the name first; else a retry of an open run's latest request; else the longest view of the
+request that a run's latest request had, `_view.digests`).
 
 One request is two round trips, each one Lua script (atomic: Redis runs one at a time):
 
@@ -74,9 +76,17 @@ if not epoch then
 end
 if epoch ~= A[1] then return {'epoch', epoch} end
 local rid
-if A[2] ~= '' then rid = redis.call('GET', P .. 'name:' .. A[2])
-elseif A[3] ~= '' then rid = redis.call('GET', P .. 'conv:' .. A[3])
-else rid = redis.call('GET', P .. 'latest:' .. A[4]) end
+if A[2] ~= '' then rid = redis.call('GET', P .. 'name:' .. A[6] .. '/' .. A[2])
+else
+  rid = redis.call('GET', P .. 'latest:' .. A[4])
+  if rid and redis.call('HGET', P .. 'run:' .. rid, 'finished') == '1' then rid = false end
+  if not rid then
+    for d in string.gmatch(A[3], '%S+') do
+      rid = redis.call('GET', P .. 'conv:' .. d)
+      if rid then break end
+    end
+  end
+end
 if rid and redis.call('EXISTS', P .. 'run:' .. rid) == 0 then rid = false end
 if rid then
   local f = redis.call('HMGET', P .. 'run:' .. rid, 'owner', 'latest', 'answer', 'finished', 'stopped')
@@ -104,7 +114,7 @@ if not rid then
   end
   redis.call('HSET', P .. 'run:' .. rid, 'owner', A[6], 'version', '0', 'named', A[2])
   redis.call('PEXPIRE', P .. 'run:' .. rid, A[12])
-  if A[2] ~= '' then redis.call('SET', P .. 'name:' .. A[2], rid, 'PX', A[12]) end
+  if A[2] ~= '' then redis.call('SET', P .. 'name:' .. A[6] .. '/' .. A[2], rid, 'PX', A[12]) end
 end
 redis.call('SET', P .. 'lock:' .. rid, A[7] .. '|' .. A[4], 'PX', A[8])
 redis.call('SET', P .. 'latest:' .. A[4], rid, 'PX', A[12])
@@ -131,8 +141,8 @@ redis.call('HSET', run, 'version', tostring(tonumber(A[3]) + n), 'latest', A[5],
 if A[8] ~= '' then redis.call('HSET', run, 'stopped', A[8]) end
 if A[10] ~= '' then redis.call('SET', P .. 'conv:' .. A[10], rid, 'PX', A[4]) end
 if A[11] ~= '' and redis.call('GET', P .. 'conv:' .. A[11]) == rid then redis.call('DEL', P .. 'conv:' .. A[11]) end
-local named = redis.call('HGET', run, 'named')
-if named and named ~= '' then redis.call('PEXPIRE', P .. 'name:' .. named, A[4]) end
+local named = redis.call('HMGET', run, 'named', 'owner')
+if named[1] and named[1] ~= '' then redis.call('PEXPIRE', P .. 'name:' .. (named[2] or '') .. '/' .. named[1], A[4]) end
 redis.call('PEXPIRE', P .. 'latest:' .. A[5], A[4])
 redis.call('PEXPIRE', run, A[4])
 redis.call('PEXPIRE', log, A[4])
@@ -258,7 +268,7 @@ class RedisRuns(Runs):
 
     async def one(self, rid: str, owner: str | None) -> dict[str, Any] | None:
         try:
-            found = await self.redis.get(PREFIX + "name:" + rid)
+            found = await self.redis.get(f"{PREFIX}name:{owner or ''}/{rid}")
             key = PREFIX + "run:" + (_text(found) if found is not None else rid)
             who, desc = await self.redis.hmget(key, "owner", "desc")
         except self._errors as exc:
@@ -267,6 +277,52 @@ class RedisRuns(Runs):
             return None
         return json.loads(desc)
 
+    async def reset(self, rid: str, owner: str | None) -> dict[str, Any] | None:
+        """`Runs.reset` on the store: under the run's lease, its log folded, ended, committed; then
+        its name is free."""
+        name_key = f"{PREFIX}name:{owner or ''}/{rid}"
+        try:
+            found = await self.redis.get(name_key)
+            rid = _text(found) if found is not None else rid
+            who, named, latest, given = await self.redis.hmget(PREFIX + "run:" + rid, "owner", "named", "latest",
+                                                              "answer")
+            if who is None or _text(who) != (owner or ""):
+                return None
+            lock = f"{uuid.uuid4().hex}|reset"
+            pause = 0.005
+            while not await self.redis.set(PREFIX + "lock:" + rid, lock, nx=True, px=self.lease_ms):
+                await asyncio.sleep(pause)  # a request of the run is at work: it goes first
+                pause = min(pause * 2, 0.05)
+            version, meta = await self.redis.hmget(PREFIX + "run:" + rid, "version", "meta")
+            lines = [bytes(x) for x in await self.redis.lrange(PREFIX + "log:" + rid, 0, -1)]
+        except self._errors as exc:
+            raise self._down(exc) from None
+        if not lines:  # its first request never committed: nothing to end
+            with contextlib.suppress(*self._errors):
+                await self._let_go(rid, lock)
+            return None
+        try:
+            self.cache.pop(rid, None)
+            run = await self._held(rid, _text(version), json.loads(_text(meta or b"{}")), lines, None, "", owner, "",
+                                   _text(named) or None)  # type: ignore[arg-type]  (lines: never a new run)
+            self.end(run, "ended at POST /loopfence/runs/{id}/reset")
+            new = [line(r).rstrip(b"\n") for r in run.fenced.log.events]
+            run.fenced.log.events.clear()
+            ok = await self._call(self._commit, [
+                rid, lock, _text(version), self.ttl_ms, _text(latest or b""), _text(given or b""), "1",
+                json.dumps(run.stopped.to_json()) if run.stopped is not None else "", _text(meta or b"{}"), "", "",
+                json.dumps(run.describe()), *new])
+            if ok and named and await self.redis.get(f"{PREFIX}name:{owner or ''}/{_text(named)}") == rid.encode():
+                await self.redis.delete(f"{PREFIX}name:{owner or ''}/{_text(named)}")
+        except self._errors as exc:
+            raise self._down(exc) from None
+        finally:
+            with contextlib.suppress(*self._errors):
+                await self._let_go(rid, lock)
+        if self.settings.logs is not None:
+            await self._mirror(rid, int(_text(version)), new)
+        return run.describe()
+
     # -- one request ------------------------------------------------------------------------------
     async def answer(self, incoming: Incoming, *, named: str | None = None, user_agent: str = "",
                      owner: str | None = None, relay: Relay | None = None,
@@ -274,8 +330,7 @@ class RedisRuns(Runs):
         if named is not None and not RUN_ID.fullmatch(named):
             raise BadRequest("the X-Loopfence-Run header must be 1-128 characters of A-Z a-z 0-9 . _ - "
                              "(starting with a letter or digit)", "X-Loopfence-Run")
-        last = incoming.last_assistant()
-        conv = incoming.prefix[last] if last is not None and named is None else ""
+        conv = " ".join(incoming.extends[:64]) if named is None else ""
         token = uuid.uuid4().hex
         cand, n = self._candidate(named)
         known = "1" if named is not None and self.settings.logs is not None and \
@@ -285,7 +340,7 @@ class RedisRuns(Runs):
         while True:
             got = await self._call(self._claim, [
                 self.epoch, named or "", conv, incoming.whole, cand, owner or "", token, self.lease_ms,
-                *self._have(named, conv, incoming.whole), known, self.ttl_ms, uuid.uuid4().hex, n])
+                *self._have(named, owner, incoming), known, self.ttl_ms, uuid.uuid4().hex, n])
             kind = _text(got[0])
             if kind == "answer":
                 return Answer.from_json(json.loads(got[1])), False
@@ -329,13 +384,13 @@ class RedisRuns(Runs):
             rid = f"{named}-{n}"
         return rid, n
 
-    def _have(self, named: str | None, conv: str, whole: str) -> tuple[str, str]:
+    def _have(self, named: str | None, owner: str | None, incoming: Incoming) -> tuple[str, str]:
         """The run this replica guesses the request is for, and the version it holds of it ("" none):
         claim returns the log only if that is not the run's version now."""
         if named is not None:
-            guess = self.runs.get(self.names.get(named, ""))
+            guess = self.runs.get(self.names.get((owner, named), ""))
         else:
-            guess = self.by_conv.get(conv) if conv else self.by_latest.get(whole)
+            guess = self._route(incoming, None, owner)
         if guess is None or guess.id not in self.cache:
             return "", ""
         return guess.id, self.cache[guess.id][0]
@@ -349,7 +404,7 @@ class RedisRuns(Runs):
             return mine[1]
         self.cache.pop(rid, None)
         if not lines:  # a new run (or one whose first request never committed)
-            run = self.make(rid, incoming, user_agent, owner, RunLog(None))
+            run = self.make(rid, incoming, user_agent, owner, RunLog(None), named)
         else:
             log = parse_log(f"{self.describe_store()} {PREFIX}log:{rid}", b"".join(x + b"\n" for x in lines))
             started = datetime.fromisoformat(log.header.started_at).timestamp()
@@ -360,6 +415,7 @@ class RedisRuns(Runs):
             if meta.get("stopped"):
                 run.stopped = Answer.from_json(meta["stopped"])
         run.store["named"] = named if not lines else meta.get("named")
+        run.named = run.store["named"]
         if self.settings.logs is not None:
             run.log = str(self.settings.logs / f"{rid}.jsonl")
         return run
@@ -411,7 +467,7 @@ class RedisRuns(Runs):
     def remember_local(self, run: WireRun, incoming: Incoming, made: Answer) -> None:
         """The routes this replica keeps to guess a request's run and hold its log ready (the store's
         routes are the truth)."""
-        self.remember(run, incoming.prefix[-1], made)
+        self.remember(run, incoming.conv)
         self.runs[run.id] = run
         previous = run.store.get("whole")
         if previous is not None and self.by_latest.get(previous) is run:
@@ -419,7 +475,8 @@ class RedisRuns(Runs):
         run.store["whole"] = incoming.whole
         self.by_latest[incoming.whole] = run
         if run.store.get("named"):
-            self.names[run.store["named"]] = run.id
+            run.named = run.store["named"]
+            self.names[(run.owner, run.store["named"])] = run.id
 
     def _forget(self, rid: str) -> None:
         run = self.runs.pop(rid, None)

@@ -159,7 +159,7 @@ def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: 
     tails = {n["asked"]: n["tail"] for n in asked}
     for n in notes:  # the conversations it reached: a request extending the last (or retrying it) finds the run
         if "answered" in n and n["answered"] in tails:
-            runs.remember(run, tails[n["answered"]], answered[n["answered"]])
+            runs.remember(run, tails[n["answered"]])
     if not asked:
         return
     whole, tail = asked[-1]["asked"], asked[-1]["tail"]
@@ -181,4 +181,4 @@ def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: 
     run.latest = (whole, fut)
     runs.by_latest[whole] = run
     if made is not answered.get(whole):
-        runs.remember(run, tail, made)
+        runs.remember(run, tail)

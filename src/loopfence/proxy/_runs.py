@@ -16,11 +16,18 @@ guards themselves decide, on the real state); when calls before it may run, thos
 the stop comes with the next request, once their results are in. The log is the ring's, event for
 event, so `reconcile` and `replay` fold it like any other run.
 
-Run identity: the `X-Loopfence-Run` header names the run; else a request continues the run whose
-latest request plus the answer it got is a prefix of the request's messages, up to its last assistant
-message (digests chained per message, `_wire.chain`); anything else starts a run. A request identical
-to its run's latest one is a retry: it shares that request's answer (in flight or given), and is never
-forwarded twice.
+Run identity (docs/proxy.md, "Which run a request belongs to"): a run name (the `X-Loopfence-Run`
+header, else a session header an agent sends, each scoped to the client's key) names the run for as
+long as the name lives; else a request continues the run whose latest request it extends, compared on
+a normalised view of each message (`_view`: role, flattened text, calls from `tool_calls` or from
+recognised call text); anything else starts a run. A request identical to its run's latest one is a
+retry: it shares that request's answer (in flight or given), and is never forwarded twice.
+
+Text actions: a run with no tools (and any named run) fences the action of a reply with no tool calls
+(its code blocks, else its text) as a call of the `text_action` tool, a side effect, whose result is
+the next request's user messages; re-rendered results ("Call id: c0\nObservation: ...") answer the
+calls they name, else the calls in order. A run whose last calls never get a result ends when its
+client says so (`end`: the reset route), or when idle past `expire_after`, its last reply the answer.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from .._json import canonical_json
 from .._limits import Limits, Policy
 from .._log._writer import RunLog
 from .._messages import Reply, Request
+from .._repeats import outcome_fingerprint
 from .._steps import on_the_clock
 from .._stops import Stop, StopError, StopReason
 from ..integrations._config import Fence
@@ -49,7 +57,8 @@ from ..tools._executor import ToolResult
 from ..tools._registry import ToolKind
 from ._answer import Answer
 from ._upstream import Relay, Upstream
-from ._wire import BadRequest, Incoming, chain
+from ._view import TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, action_of, call_ids_in, flat, program_of
+from ._wire import BadRequest, Incoming
 
 __all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "FRAMEWORK", "NOTES", "opening", "text_of", "precheck", "value_of"]
 
@@ -69,7 +78,9 @@ class Settings:
     kinds: Mapping[str, ToolKind] = field(default_factory=dict)
     on_stop: str = "answer"  # or "error": HTTP 400, OpenAI's error body, the stop as its code
     logs: Path | None = None
-    expire_after: float | None = 86400.0  # seconds a run may be idle before it is forgotten (None: never)
+    expire_after: float | None = 86400.0  # seconds a run may be idle before it ends and is forgotten (None: never)
+    per_turn: bool = False  # a named run ends at a text answer: the name's next request starts fresh budgets
+    session_headers: tuple[str, ...] = ()  # more headers whose value names the run (`_app.SESSION_HEADERS`)
 
 
 @dataclass(eq=False)
@@ -93,6 +104,9 @@ class WireRun:
     touched: float = field(default_factory=time.monotonic)  # its latest request (idle runs expire)
     shared: list[Any] | None = None  # the guards a precheck's copy shares (`uncopied`)
     store: dict[str, Any] = field(default_factory=dict)  # what a shared store keeps beside the log (_redis)
+    asked: str | None = None  # the model its latest request asked for (a stop answer names it)
+    named: str | None = None  # the run name that routes to it, if any
+    seen: str = ""  # the text its latest request brought (a text action's `after`: the output it followed)
 
     def note(self, **fields: Any) -> None:
         """One line of notes: who opened the run, each request's digest, each answer given."""
@@ -109,11 +123,7 @@ class WireRun:
 
 
 def text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
+    return flat(content)
 
 
 def opening(messages: list[dict[str, Any]]) -> tuple[str | None, str]:
@@ -138,7 +148,7 @@ class Runs:
         self.runs: dict[str, WireRun] = {}
         self.by_conv: dict[str, WireRun] = {}
         self.by_latest: dict[str, WireRun] = {}
-        self.names: dict[str, str] = {}  # a client's run name -> the run serving it now
+        self.names: dict[tuple[str | None, str], str] = {}  # (client key, run name) -> the run serving it now
         self._swept = time.monotonic()
 
     # -- what the app reads -----------------------------------------------------------------------
@@ -151,8 +161,33 @@ class Runs:
 
     async def one(self, rid: str, owner: str | None) -> dict[str, Any] | None:
         """The run `rid` (its id or the name a client gave it) if this client key opened it."""
-        run = self.runs.get(self.names.get(rid, rid))
+        run = self.runs.get(self.names.get((owner, rid), rid))
         return run.describe() if run is not None and run.owner == owner else None
+
+    async def reset(self, rid: str, owner: str | None) -> dict[str, Any] | None:
+        """End the run `rid` (its id, or this client's run name) if this client key opened it: a run
+        still going ends as its client left it (`end`), and its name is free, so that the name's next
+        request starts a run of its own. The run as `one` shows it, or None."""
+        run = self.runs.get(self.names.get((owner, rid), rid))
+        if run is None or run.owner != owner:
+            return None
+        async with run.lock:
+            self.end(run, "ended at POST /loopfence/runs/{id}/reset")
+        if run.named is not None and self.names.get((owner, run.named)) == run.id:
+            del self.names[(owner, run.named)]
+        return run.describe()
+
+    def end(self, run: WireRun, why: str) -> None:
+        """The run ends as its client left it (nothing more came): the last reply (in the log) is the
+        answer, the calls it asked for with no result recorded (`unanswered`, a finding for reconcile;
+        `_stops.left_by_client`)."""
+        f = run.fenced
+        if f.finished:
+            return
+        unanswered = [c.call.id for c in f.turn.calls] if f.turn is not None else []
+        more = f"; no result recorded for {', '.join(unanswered)}" if unanswered else ""
+        f.finish(Stop(StopReason.FINAL_ANSWER, f"the client sent no further request ({why}): the last reply "
+                      f"stands as the answer{more}", {"unanswered": unanswered}))
 
     async def aclose(self) -> None:
         """Nothing to let go of here (the store on Redis closes its connections)."""
@@ -166,7 +201,7 @@ class Runs:
         self._swept = now
         gone = {rid for rid, r in self.runs.items() if now - r.touched > ttl and not r.lock.locked()}
         for rid in gone:
-            del self.runs[rid]
+            self.end(self.runs.pop(rid), f"idle past --expire-after {ttl:g}s")
         for index in (self.by_conv, self.by_latest):
             for k in [k for k, r in index.items() if r.id in gone]:
                 del index[k]
@@ -185,7 +220,7 @@ class Runs:
             raise BadRequest("the X-Loopfence-Run header must be 1-128 characters of A-Z a-z 0-9 . _ - "
                              "(starting with a letter or digit)", "X-Loopfence-Run")
         self.expire()
-        run = self._route(incoming, named)
+        run = self._route(incoming, named, owner)
         if run is not None and run.owner != owner:
             raise BadRequest(f"run {run.id} belongs to another client key", "X-Loopfence-Run", 403)
         if run is not None:
@@ -201,12 +236,13 @@ class Runs:
         if on_run is not None:
             on_run(run.id)
         run.touched = time.monotonic()
+        run.asked = incoming.model
         fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         if run.latest is not None:
             self.by_latest.pop(run.latest[0], None)
         run.latest = (incoming.whole, fut)
         self.by_latest[incoming.whole] = run
-        run.note(asked=incoming.whole, tail=incoming.prefix[-1], step=run.fenced.state.ledger.model_requests + 1)
+        run.note(asked=incoming.whole, tail=incoming.conv, step=run.fenced.state.ledger.model_requests + 1)
         try:
             async with run.lock:
                 made = await self._exchange(run, incoming, relay)
@@ -215,26 +251,27 @@ class Runs:
             fut.exception()  # retrieved: a retry may never come
             raise
         fut.set_result(made)
-        self.remember(run, incoming.prefix[-1], made)
+        self.remember(run, incoming.conv)
         run.note(answered=incoming.whole, answer=made.to_json())
         return made, True
 
-    def remember(self, run: WireRun, tail: str, made: Answer) -> None:
-        """The conversation the run reached: the request (its digest `tail`) and the answer it got."""
+    def remember(self, run: WireRun, conv: str) -> None:
+        """The conversation the run reached: its latest request's view (digest `conv`), which the
+        next request extends."""
         if run.before is not None and self.by_conv.get(run.before) is run:
             del self.by_conv[run.before]
-        run.before = run.conv  # what the latest request extended: its retry still finds the run
-        run.conv = chain(tail, made.message)
-        self.by_conv[run.conv] = run
+        if run.conv != conv:
+            run.before = run.conv  # what the latest request extended: its retry still finds the run
+        run.conv = conv
+        self.by_conv[conv] = run
 
-    def _route(self, incoming: Incoming, named: str | None) -> WireRun | None:
+    def _route(self, incoming: Incoming, named: str | None, owner: str | None) -> WireRun | None:
         if named is not None:
-            return self.runs.get(self.names.get(named, named))
-        last = incoming.last_assistant()
-        if last is not None:
-            return self.by_conv.get(incoming.prefix[last])
-        run = self.by_latest.get(incoming.whole)  # a first request: only a retry of one still open
-        return run if run is not None and not run.fenced.finished else None
+            return self.runs.get(self.names.get((owner, named), ""))
+        run = self.by_latest.get(incoming.whole)  # a retry of a run's latest request, while it is open
+        if run is not None and not run.fenced.finished:
+            return run
+        return next((r for d in incoming.extends if (r := self.by_conv.get(d)) is not None), None)
 
     def _new_id(self, named: str | None) -> str:
         if named is None:
@@ -249,7 +286,7 @@ class Runs:
         rid = self._new_id(named)
         st = self.settings
         log = None if st.logs is None else st.logs / f"{rid}.jsonl"
-        run = self.make(rid, incoming, user_agent, owner, log)
+        run = self.make(rid, incoming, user_agent, owner, log, named)
         run.notes = None if st.logs is None else st.logs / NOTES / f"{rid}.jsonl"
         if run.notes is not None:
             run.notes.parent.mkdir(exist_ok=True)
@@ -258,26 +295,37 @@ class Runs:
         return run
 
     def make(self, rid: str, incoming: Incoming, user_agent: str, owner: str | None,
-             log: Path | RunLog | None) -> WireRun:
-        """A new run `rid` for `incoming`, its header written to `log`."""
+             log: Path | RunLog | None, named: str | None = None) -> WireRun:
+        """A new run `rid` for `incoming`, its header written to `log`. Its replies' text actions are
+        calls (`text_action`) when it has no tools, or a name without `per_turn`."""
         st = self.settings
         names = [t["function"]["name"] for t in incoming.tools]
-        fence = Fence(limits=st.limits, policy=st.policy, kinds={n: st.kinds[n] for n in names if n in st.kinds},
-                      log=log)
+        texts = (not st.per_turn if named is not None else not incoming.tools) and not TEXT_TOOLS & set(names)
+        polls = texts and any(k is ToolKind.POLL for k in st.kinds.values())
+        kinds = {n: st.kinds[n] for n in names if n in st.kinds} | ({TEXT_POLL: ToolKind.POLL} if polls else {})
+        fence = Fence(limits=st.limits, policy=st.policy, kinds=kinds, log=log)
         tools = [fence.tool(t["function"]["name"], t["function"].get("parameters"),
                             t["function"].get("description") or "") for t in incoming.tools]
+        about = ("an action the reply's text asks for (a code block, else the text): the client runs it, its "
+                 "output is the next user message")
+        if texts:
+            tools.append(fence.tool(TEXT_ACTION, TEXT_ACTION_SCHEMA, about))
+        if polls:
+            tools.append(fence.tool(TEXT_POLL, TEXT_ACTION_SCHEMA, about + "; its program is a poll (--kinds)"))
         system, task = opening(incoming.messages)
         model = self.upstream.model_name(incoming.model)
         header = {"proxy": {"run": rid, "user_agent": user_agent, "upstream": self.upstream.describe(),
                             "on_stop": st.on_stop}}
         fenced = fence.start(task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=system,
                              header=header)
-        return WireRun(rid, fenced, owner, model, log=None if log is None or isinstance(log, RunLog) else str(log))
+        return WireRun(rid, fenced, owner, model, log=None if log is None or isinstance(log, RunLog) else str(log),
+                       named=named)
 
     def add(self, run: WireRun, named: str | None) -> None:
         self.runs[run.id] = run
         if named is not None:
-            self.names[named] = run.id
+            run.named = named
+            self.names[(run.owner, named)] = run.id
 
     # -- one exchange ------------------------------------------------------------------------------
     async def _exchange(self, run: WireRun, incoming: Incoming, relay: Relay | None) -> Answer:
@@ -286,6 +334,8 @@ class Runs:
             return self.stop_answer(run, f.result.stop if f.result is not None else None)
         try:
             await self._results(run, incoming)
+            run.seen = "\n\n".join(flat(m.get("content")) for m in incoming.since(incoming.last_assistant())
+                                   if m.get("role") in ("user", "tool"))
 
             async def send(request: Request, note: str | None) -> Reply:
                 messages = incoming.messages + ([{"role": "user", "content": note}] if note else [])
@@ -299,9 +349,9 @@ class Runs:
                 reply = await on_the_clock(f.state, send(Request([], [], {}, f.state.deadline(),
                                                                  f.state.ledger.model_requests,
                                                                  f.state.max_tokens()), None))
-                f.reply(reply)
+                f.reply(self.as_action(run, reply))
             else:
-                reply = await f.model_request(send, lambda r: r)
+                reply = await f.model_request(send, lambda r: self.as_action(run, r))
             return await self.settle(run, reply)
         except FenceStop as exc:
             return self.stop_answer(run, exc.stop)
@@ -329,20 +379,62 @@ class Runs:
         run.held = {c.call.id for c in (f.turn.calls if f.turn else [])} - {c.call.id for c in released}
         return self.reply_answer(run, reply, [c.call for c in released])
 
+    def as_action(self, run: WireRun, reply: Reply) -> Reply:
+        """A reply with no tool calls, in a run whose text actions are calls: the same reply with its
+        action as a `text_action` call (what the log records; the client gets the text alone). The
+        call's `after` is the fingerprint of the output the reply followed: the same action after
+        the same output is a repeat, after a new output (a poll, a test after an edit) it is not."""
+        registry = run.fenced.state.registry
+        if reply.tool_calls or not reply.complete or TEXT_ACTION not in registry:
+            return reply
+        action = action_of(reply.content)
+        if action is None and run.named is None:
+            return reply  # nothing asked for: the final answer
+        raw = reply.raw if isinstance(reply.raw, dict) else {}
+        args = {"action": action or "", "after": outcome_fingerprint(run.seen)[:16]}
+        call = {"id": f"text-{run.fenced.state.ledger.model_requests}", "type": "function",
+                "function": {"name": TEXT_POLL if TEXT_POLL in registry and self._polls(action) else TEXT_ACTION,
+                             "arguments": canonical_json(args)}}
+        made: dict[str, Any] = {k: raw[k] for k in ("id", "object", "created", "model") if k in raw}
+        made["choices"] = [{"index": 0, "message": {"role": "assistant", "content": reply.content, "tool_calls": [call]},
+                            "finish_reason": reply.finish_reason}]
+        if reply.usage is not None:
+            made["usage"] = {"prompt_tokens": reply.usage.prompt_tokens, "completion_tokens": reply.usage.completion_tokens}
+        made["x_loopfence"] = "text_action: the call the proxy read from the reply's text"
+        return Reply.from_response(made)
+
+    def _polls(self, action: str | None) -> bool:
+        """Whether --kinds declares the program the action runs a poll (exempt from repetition rules)."""
+        return bool(action) and self.settings.kinds.get(program_of(action or "")) is ToolKind.POLL
+
     async def _results(self, run: WireRun, incoming: Incoming) -> None:
-        """The results the request's tool messages carry, for the calls of the last reply, in its order."""
+        """The results the request carries for the calls of the last reply, in its order: its tool
+        messages by call id; else (a client that re-renders results as user messages) each user
+        message for the call it names ("Call id: c0"), the rest in order; a text action's result is
+        the user messages' text."""
         f = run.fenced
         turn = f.turn
         if turn is None:
             return
-        given = {m["tool_call_id"]: text_of(m.get("content")) for m in incoming.since(incoming.last_assistant())
-                 if m.get("role") == "tool"}
-        for c in list(turn.calls):
-            cid = c.call.id
-            if cid in given:
-                await f.call(cid, value_of(given.pop(cid)))
-            elif cid in run.held:
-                await f.call(cid, value_of(_NOT_SENT))
+        since = incoming.since(incoming.last_assistant())
+        given = {m["tool_call_id"]: text_of(m.get("content")) for m in since if m.get("role") == "tool"}
+        told = [text_of(m.get("content")) for m in since if m.get("role") == "user"]
+        calls = [c.call for c in turn.calls]
+        if told and not given:
+            for text in told:
+                cid = next((i for i in call_ids_in(text) if i not in given and any(c.id == i for c in calls)), None)
+                if cid is None:  # no id named: the first call without a result
+                    cid = next((c.id for c in calls if c.id not in given and c.name not in TEXT_TOOLS
+                                and c.id not in run.held), None)
+                if cid is not None:
+                    given[cid] = text
+        for c in calls:
+            if c.name in TEXT_TOOLS and c.id not in run.held and since:
+                await f.call(c.id, value_of("\n\n".join(told) if told else "\n\n".join(given.values())))
+            elif c.id in given:
+                await f.call(c.id, value_of(given.pop(c.id)))
+            elif c.id in run.held:
+                await f.call(c.id, value_of(_NOT_SENT))
         run.held = set()  # calls the client never answered: the next request's end_turn says not_executed
 
     async def _refuse(self, f: FencedRun) -> None:
@@ -352,6 +444,7 @@ class Runs:
         raise AssertionError("the guards refused on the copy but not on the run")  # pragma: no cover
 
     def reply_answer(self, run: WireRun, reply: Reply, calls: Any) -> Answer:
+        calls = [c for c in calls if c.name not in TEXT_TOOLS]  # a text action is the text itself
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if calls:
             message["tool_calls"] = [c.to_wire() for c in calls]
@@ -365,9 +458,12 @@ class Runs:
                       created=raw["created"] if isinstance(raw.get("created"), int) else int(time.time()))
 
     def stop_answer(self, run: WireRun, stop: Stop | None) -> Answer:
+        """The run's stop, made once (its model the one the stopped request asked for): every later
+        request gets the same."""
         if run.stopped is None:
             stop = stop or Stop(StopReason.INTERNAL_ERROR, "the run ended")
-            run.stopped = Answer.stopped(run.id, self._ident(run), run.model, stop, self.settings.on_stop == "error")
+            run.stopped = Answer.stopped(run.id, self._ident(run), run.asked or run.model, stop,
+                                         self.settings.on_stop == "error")
         return run.stopped
 
     def _ident(self, run: WireRun) -> str:

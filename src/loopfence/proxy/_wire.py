@@ -3,21 +3,20 @@ that tell which run it belongs to.
 
 `parse(body)` turns the raw JSON body into an `Incoming` or raises `BadRequest` naming the field
 (OpenAI's own error shape: `{"error": {"message", "type": "invalid_request_error", "param", "code"}}`),
-before anything is forwarded. `digests` chain the conversation one message at a time (each message
-reduced to what a client keeps of it: role, text, calls, the call answered), so a request that
-extends a run is found by the digest of its messages up to its last assistant message.
+before anything is forwarded. Its digests (`_view.digests`: each message reduced to its role, text
+and calls) tell which run a request continues: the one whose latest request it extends.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .._json import canonical_json
+from ._view import digests
 
-__all__ = ["BadRequest", "Incoming", "parse", "chain", "message_digest", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
+__all__ = ["BadRequest", "Incoming", "parse", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
 MAX_MESSAGES = 4096  # a conversation longer than this is refused (no agent loop gets near it)
 MAX_TOOLS = 512
@@ -55,8 +54,8 @@ class BadRequest(ValueError):
 @dataclass(frozen=True)
 class Incoming:
     """One checked request: its messages and tools as sent, the other fields (`params`), whether it
-    streams, and its digests: `prefix[i]` chains messages[0..i]; `whole` is the request's own (a retry
-    has the same)."""
+    streams, and its digests: `whole` is the request's own (a retry has the same), `conv` and
+    `extends` its normalised view's (`_view.digests`)."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
@@ -64,8 +63,9 @@ class Incoming:
     stream: bool
     include_usage: bool
     model: str | None
-    prefix: list[str] = field(repr=False)
     whole: str = ""
+    conv: str = ""  # the digest of the request's normalised view (`_view.digests`)
+    extends: tuple[str, ...] = ()  # the digests of its views cut before each assistant message, longest first
 
     def last_assistant(self) -> int | None:
         """The index of the last assistant message, or None."""
@@ -75,37 +75,6 @@ class Incoming:
     def since(self, index: int | None) -> list[dict[str, Any]]:
         """The messages after `index` (all of them for None)."""
         return self.messages[(index + 1) if index is not None else 0:]
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-
-
-def _arguments(raw: Any) -> str:
-    """A call's arguments as canonical JSON (clients re-serialize them: spaces, key order), else as sent."""
-    if not raw:
-        return "{}"
-    try:
-        return canonical_json(json.loads(raw))
-    except (TypeError, ValueError):
-        return str(raw)
-
-
-def message_digest(m: dict[str, Any]) -> str:
-    """What a client keeps of a message, canonical: role, text, calls (id, name, arguments), the call answered."""
-    calls = [[c.get("id"), (c.get("function") or {}).get("name"), _arguments((c.get("function") or {}).get("arguments"))]
-             for c in m.get("tool_calls") or []]
-    kept = [m.get("role"), _text(m.get("content")), calls, m.get("tool_call_id")]
-    return canonical_json(kept)
-
-
-def chain(previous: str, m: dict[str, Any]) -> str:
-    """The digest of a conversation one message longer."""
-    return hashlib.sha256(f"{previous}\n{message_digest(m)}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def parse(body: Any) -> Incoming:
@@ -130,18 +99,15 @@ def parse(body: Any) -> Incoming:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest(f"stream_options must be an object, got {_kind(options)}", "stream_options")
-    prefix, d = [], ""
-    for m in messages:
-        d = chain(d, m)
-        prefix.append(d)
     params = {k: v for k, v in body.items() if k not in ("messages", "tools", "stream", "stream_options")}
     whole = hashlib.sha256(canonical_json(
         {k: v for k, v in body.items() if k not in ("stream", "stream_options")}).encode(
         "utf-8", "surrogatepass")).hexdigest()[:32]
     model = body.get("model")
+    conv, extends = digests(messages)
     return Incoming(messages, tools, params, body.get("stream") is True,
                     bool(options and options.get("include_usage")), model if isinstance(model, str) else None,
-                    prefix, whole)
+                    whole, conv, extends)
 
 
 def _kind(v: Any) -> str:

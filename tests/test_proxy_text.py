@@ -1,0 +1,259 @@
+"""The proxy with agents that act in text and with named runs (issue 40), through `loopfence proxy`
+as a real process in front of a real HTTP upstream on 127.0.0.1.
+
+- Text actions: a conversation with no tools, each reply a bash block, its output the next user
+  message: the same command with the same output stops within 6 upstream requests; an edit-and-test
+  loop and a poll whose output changes finish; their logs reconcile and replay, one request line per
+  request.
+- Named runs are one set of budgets for as long as the name lives (text answers do not end them),
+  `--budget-per-turn` gives each text answer's next turn fresh budgets, the reset route ends a run
+  and frees its name, session headers name runs per client key.
+- Every stop answer is a complete chat.completion (the `openai` SDK's types, usage set), streamed
+  and not, with the fixed marker, the same for every later request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from loopfence.proxy._answer import STOP_MARKER
+from loopfence.runlog import read_log
+from loopfence.testing import text_reply
+
+from _proxy_support import Proxy, ReplyServer, logs_in, reconciles, replays, reset_all
+
+pytestmark = pytest.mark.timeout(300)
+SYSTEM = "You are a helpful assistant that can interact with a computer. Reply with a THOUGHT, then one bash block."
+
+
+def bash(thought: str, command: str) -> str:
+    """A reply as mini-swe-agent's text mode renders one: the thought, then one bash block."""
+    return f"THOUGHT: {thought}\n\n```bash\n{command}\n```"
+
+
+def observation(output: str, rc: int = 0) -> str:
+    return f"<returncode>{rc}</returncode>\n<output>\n{output}</output>"
+
+
+def post(url: str, messages: list[dict[str, Any]], headers: dict[str, str] | None = None,
+         **body: Any) -> httpx.Response:
+    return httpx.post(f"{url}/chat/completions", json={"model": "m-asked", "messages": messages, **body},
+                      headers=headers, timeout=60)
+
+
+def text_loop(url: str, task: str, outputs: list[str], headers: dict[str, str] | None = None) -> list[httpx.Response]:
+    """A bash-block agent: each answer's output (`outputs`, in turn) goes back as the next user
+    message, until the outputs run out or an answer is a stop. Every response, in order."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    got = []
+    for out in [*outputs, None]:
+        r = post(url, messages, headers)
+        assert r.status_code == 200, r.text
+        got.append(r)
+        if "x-loopfence-stop" in r.headers or out is None:
+            break
+        messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": observation(out)}]
+    return got
+
+
+def turn_of(body: dict[str, Any]) -> int:
+    return sum(1 for m in body["messages"] if m.get("role") == "assistant")
+
+
+def one_log(logs: Path) -> Path:
+    found = logs_in(logs)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def ends_whole(url: str, logs: Path, upstream: int) -> None:
+    """The client is done: reset ends its run; the log reconciles and replays, one request line per
+    request that reached the upstream."""
+    reset_all(url)
+    log = one_log(logs)
+    reconciles(log)
+    replays(log)
+    assert len(read_log(log).of("request")) == upstream
+
+
+# ---------------------------------------------------------------------------- text actions
+def test_the_same_bash_block_with_the_same_output_stops_within_six(tmp_path: Path) -> None:
+    with ReplyServer(lambda body: text_reply(bash("Let me look.", "ls -la"))) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        got = text_loop(proxy.base_url, "Fix the bug.", ["total 0\nfile.py"] * 30)
+        assert len(up.requests) <= 6, len(up.requests)
+        last = got[-1]
+        assert last.headers["x-loopfence-stop"] in {"repeated_call", "repeated_result", "cycle"}
+        assert last.json()["choices"][0]["message"]["content"].startswith(STOP_MARKER)
+        log = read_log(one_log(tmp_path))
+        assert log.stop is not None and len(log.of("request")) == len(up.requests)
+        executed = [r for r in log.of("result") if r.decision == "executed"]
+        assert executed and all(r.name == "text_action" for r in executed)
+        assert json.loads(log.of("call")[0].raw_arguments)["action"] == "ls -la"
+        reconciles(one_log(tmp_path))
+        replays(one_log(tmp_path))
+
+
+def test_an_edit_and_test_loop_and_a_poll_whose_output_changes_finish(tmp_path: Path) -> None:
+    edit_test = [bash("Edit.", "sed -i 's/a/b/' x.py"), bash("Test.", "pytest -q"),
+                 bash("Edit again.", "sed -i 's/b/c/' x.py"), bash("Test.", "pytest -q"),
+                 bash("Edit again.", "sed -i 's/c/d/' x.py"), bash("Test.", "pytest -q"), "All tests pass. Done."]
+    outputs = ["", "1 failed in 0.05s", "", "1 failed in 0.04s", "", "3 passed in 0.06s"]
+    poll = [bash("Wait for the job.", "curl -s localhost:9/status")] * 8 + ["The job is ready."]
+    polled = [f"pending: {i} of 8 done" for i in range(1, 8)] + ["ready"]
+    for name, replies, outs in (("edit", edit_test, outputs), ("poll", poll, polled)):
+        logs = tmp_path / name
+        with ReplyServer(lambda body, r=replies: text_reply(r[min(turn_of(body), len(r) - 1)])) as up, \
+                Proxy("--upstream", up.base_url, "--logs", str(logs), stderr=tmp_path / f"{name}.err") as proxy:
+            got = text_loop(proxy.base_url, f"Make the tests pass ({name}).", outs)
+            assert all("x-loopfence-stop" not in r.headers for r in got), [r.text for r in got][-1]
+            assert len(got) == len(replies) == len(up.requests)
+            ends_whole(proxy.base_url, logs, len(replies))
+        log = read_log(one_log(logs))
+        assert log.stop is not None and log.stop.reason == "final_answer"
+        assert log.stop.ledger["tool_executions"] == len(outs)
+
+
+def test_a_reply_with_code_tags_or_several_blocks_is_one_action(tmp_path: Path) -> None:
+    replies = ["Thought: compute.\n<code>\nprint(1 + 1)\n</code>",
+               "Two steps:\n```bash\ncd src\n```\nthen\n```bash\nmake\n```"]
+    with ReplyServer(lambda body: text_reply(replies[min(turn_of(body), 1)])) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        text_loop(proxy.base_url, "Compute.", ["2"])
+        reset_all(proxy.base_url)
+    actions = [json.loads(c.raw_arguments)["action"] for c in read_log(one_log(tmp_path)).of("call")]
+    assert actions == ["print(1 + 1)", "cd src\n\nmake"]
+
+
+# ---------------------------------------------------------------------------- named runs
+def test_twenty_text_answers_under_one_name_share_one_budget_of_ten(tmp_path: Path) -> None:
+    with ReplyServer(lambda body: text_reply(f"Answer to: {body['messages'][-1]['content']}")) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limit", "max_steps=10",
+                  stderr=tmp_path / "err") as proxy:
+        got = [post(proxy.base_url, [{"role": "user", "content": f"question {i}"}], {"X-Loopfence-Run": "mini-1"})
+               for i in range(20)]
+    assert len(up.requests) == 10
+    assert {r.headers["x-loopfence-run"] for r in got} == {"mini-1"}
+    stops = [r for r in got if "x-loopfence-stop" in r.headers]
+    assert len(stops) == 10 and {r.headers["x-loopfence-stop"] for r in stops} == {"max_steps"}
+    assert len({r.text for r in stops}) == 1  # every answer to a stopped run is the same
+    assert stops[0].json()["choices"][0]["message"]["content"].startswith(STOP_MARKER)
+    log = read_log(one_log(tmp_path))
+    assert len(log.of("request")) == 10 and log.stop is not None and log.stop.reason == "max_steps"
+    reconciles(one_log(tmp_path))
+
+
+def test_budget_per_turn_gives_each_turn_after_a_text_answer_fresh_budgets(tmp_path: Path) -> None:
+    with ReplyServer(lambda body: text_reply("ok")) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limit", "max_steps=1", "--budget-per-turn",
+                  stderr=tmp_path / "err") as proxy:
+        got = [post(proxy.base_url, [{"role": "user", "content": f"turn {i}"}], {"X-Loopfence-Run": "chat"})
+               for i in range(3)]
+    assert len(up.requests) == 3 and all("x-loopfence-stop" not in r.headers for r in got)
+    assert [r.headers["x-loopfence-run"] for r in got] == ["chat", "chat-2", "chat-3"]
+    for log in logs_in(tmp_path):
+        reconciles(log)
+
+
+async def _branches(url: str, n: int, headers: dict[str, str]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=n)) as client:
+        return await asyncio.gather(*(client.post(f"{url}/chat/completions", headers=headers, json={
+            "model": "m", "messages": [{"role": "user", "content": f"branch {i}"}]}) for i in range(n)))
+
+
+def test_fifty_concurrent_branches_under_one_name_against_room_for_ten(tmp_path: Path) -> None:
+    with ReplyServer(lambda body: text_reply(f"done with {body['messages'][-1]['content']}")) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limit", "max_steps=10",
+                  stderr=tmp_path / "err") as proxy:
+        got = asyncio.run(_branches(proxy.base_url, 50, {"X-Loopfence-Run": "fan"}))
+    assert {r.status_code for r in got} == {200}
+    assert len(up.requests) == 10
+    assert [r.headers.get("x-loopfence-stop") for r in got].count("max_steps") == 40
+    assert {r.headers["x-loopfence-run"] for r in got} == {"fan"}
+
+
+def test_reset_ends_a_stopped_named_run_and_the_name_starts_afresh(tmp_path: Path) -> None:
+    with ReplyServer(lambda body: text_reply("ok")) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limit", "max_steps=2", "--key", "alice",
+                  "--key", "bob", stderr=tmp_path / "err") as proxy:
+        alice, bob = {"Authorization": "Bearer alice"}, {"Authorization": "Bearer bob"}
+        root = proxy.base_url.removesuffix("/v1")
+        for i in range(3):
+            r = post(proxy.base_url, [{"role": "user", "content": f"q{i}"}], {**alice, "X-Loopfence-Run": "job"})
+        assert r.headers["x-loopfence-stop"] == "max_steps"
+        assert httpx.post(f"{root}/loopfence/runs/job/reset", headers=bob, timeout=30).status_code == 404
+        ended = httpx.post(f"{root}/loopfence/runs/job/reset", headers=alice, timeout=30)
+        assert ended.status_code == 200 and ended.json()["stop"]["reason"] == "max_steps", ended.text
+        again = post(proxy.base_url, [{"role": "user", "content": "a new task"}], {**alice, "X-Loopfence-Run": "job"})
+        assert again.headers["x-loopfence-run"] == "job-2" and "x-loopfence-stop" not in again.headers
+        # the same name under another key is another run: names are scoped to the client's key
+        other = post(proxy.base_url, [{"role": "user", "content": "bob's task"}], {**bob, "X-Loopfence-Run": "job"})
+        assert other.headers["x-loopfence-run"] == "job-3" and "x-loopfence-stop" not in other.headers
+        assert len(up.requests) == 4
+        reconciles(tmp_path / "job.jsonl")
+
+
+def test_session_headers_name_runs_per_client_key(tmp_path: Path) -> None:
+    with ReplyServer(lambda body: text_reply("ok")) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--session-header", "X-My-Session",
+                  "--key", "k1", "--key", "k2", stderr=tmp_path / "err") as proxy:
+        k1, k2 = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
+        seen = {}
+        for header, value in (("x-session-id", "ses_abc"), ("x-litellm-session-id", "lite-1"),
+                              ("x-claude-code-session-id", "0b9f1d2e-4c55-4a8e-9f00-5d1c2b3a4e5f"),
+                              ("session-id", "codex-1"), ("X-My-Session", "mine")):
+            a = post(proxy.base_url, [{"role": "user", "content": f"{header} one"}], {**k1, header: value})
+            b = post(proxy.base_url, [{"role": "user", "content": f"{header} two"}], {**k1, header: value})
+            c = post(proxy.base_url, [{"role": "user", "content": f"{header} three"}], {**k2, header: value})
+            seen[header] = (a.headers["x-loopfence-run"], b.headers["x-loopfence-run"], c.headers["x-loopfence-run"])
+        odd = post(proxy.base_url, [{"role": "user", "content": "odd"}], {**k1, "x-session-id": "has spaces/and:colons"})
+    for header, (a, b, c) in seen.items():
+        assert a == b != c, (header, a, b, c)  # one run per session for one key; another key gets its own
+    assert seen["x-session-id"][0] == "ses_abc" and seen["X-My-Session"][0] == "mine"
+    assert odd.status_code == 200 and odd.headers["x-loopfence-run"].startswith("s-")
+    assert len(up.requests) == 16
+
+
+# ---------------------------------------------------------------------------- the stop answer
+def _sse(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_every_stop_answer_is_a_complete_chat_completion_streamed_and_not(tmp_path: Path) -> None:
+    with ReplyServer(lambda body: text_reply("ok", usage=(7, 2))) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limit", "max_steps=1",
+                  stderr=tmp_path / "err") as proxy:
+        named = {"X-Loopfence-Run": "s1"}
+        first = post(proxy.base_url, [{"role": "user", "content": "q0"}], named, stream=True,
+                     stream_options={"include_usage": True})
+        chunks = _sse(first.text)
+        for c in chunks:
+            ChatCompletionChunk.model_validate(c)
+        assert {(c["id"], c["model"], c["created"] > 0) for c in chunks} == {(chunks[0]["id"], "m-asked", True)}
+        plain = post(proxy.base_url, [{"role": "user", "content": "q1"}], named)
+        streamed = post(proxy.base_url, [{"role": "user", "content": "q2"}], named, stream=True,
+                        stream_options={"include_usage": True})
+        bare = post(proxy.base_url, [{"role": "user", "content": "q3"}], named, stream=True)
+        again = post(proxy.base_url, [{"role": "user", "content": "q4"}], named)
+    answer = ChatCompletion.model_validate(plain.json())
+    assert plain.headers["x-loopfence-stop"] == "max_steps"
+    assert answer.usage is not None and answer.usage.total_tokens == 0
+    assert answer.model == "m-asked" and answer.created > 0 and answer.id.startswith("chatcmpl-")
+    text = answer.choices[0].message.content or ""
+    assert text.startswith(STOP_MARKER) and "max_steps" in text and "limit 1" in text
+    assert again.json() == plain.json()  # every answer to a stopped run is the same
+    for r in (streamed, bare):
+        parts = [ChatCompletionChunk.model_validate(c) for c in _sse(r.text)]
+        assert {(p.id, p.model, p.created) for p in parts} == {(answer.id, "m-asked", answer.created)}
+        assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == text
+    usage = [p for p in (ChatCompletionChunk.model_validate(c) for c in _sse(streamed.text)) if p.usage is not None]
+    assert len(usage) == 1 and usage[0].usage is not None and usage[0].usage.total_tokens == 0
+    assert len(up.requests) == 1
