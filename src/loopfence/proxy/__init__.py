@@ -7,9 +7,11 @@ Any agent that speaks Chat Completions and takes a base URL gets the same rules,
 `loopfence.run()`, with no code change: see docs/proxy.md.
 """
 
-from ._answer import RUN_HEADER, STOP_HEADER, Answer
+from ._answer import RUN_HEADER, STOP_HEADER, STOP_MARKER, Answer
+from ._app import SESSION_HEADERS
 from ._proxy import Proxy, load_kinds
 from ._runs import Settings
 from ._wire import BadRequest
 
-__all__ = ["Proxy", "Settings", "Answer", "BadRequest", "RUN_HEADER", "STOP_HEADER", "load_kinds"]
+__all__ = ["Proxy", "Settings", "Answer", "BadRequest", "RUN_HEADER", "STOP_HEADER", "STOP_MARKER", "SESSION_HEADERS",
+           "load_kinds"]

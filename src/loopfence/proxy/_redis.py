@@ -139,8 +139,10 @@ if n > 0 then redis.call('RPUSH', log, unpack(A, 13)) end
 redis.call('HSET', run, 'version', tostring(tonumber(A[3]) + n), 'latest', A[5], 'answer', A[6], 'finished', A[7],
            'meta', A[9], 'desc', A[12])
 if A[8] ~= '' then redis.call('HSET', run, 'stopped', A[8]) end
-if A[10] ~= '' then redis.call('SET', P .. 'conv:' .. A[10], rid, 'PX', A[4]) end
-if A[11] ~= '' and redis.call('GET', P .. 'conv:' .. A[11]) == rid then redis.call('DEL', P .. 'conv:' .. A[11]) end
+for d in string.gmatch(A[11], '%S+') do
+  if redis.call('GET', P .. 'conv:' .. d) == rid then redis.call('DEL', P .. 'conv:' .. d) end
+end
+for d in string.gmatch(A[10], '%S+') do redis.call('SET', P .. 'conv:' .. d, rid, 'PX', A[4]) end
 local named = redis.call('HMGET', run, 'named', 'owner')
 if named[1] and named[1] ~= '' then redis.call('PEXPIRE', P .. 'name:' .. (named[2] or '') .. '/' .. named[1], A[4]) end
 redis.call('PEXPIRE', P .. 'latest:' .. A[5], A[4])

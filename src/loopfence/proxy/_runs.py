@@ -256,14 +256,16 @@ class Runs:
         return made, True
 
     def remember(self, run: WireRun, conv: str) -> None:
-        """The conversation the run reached: its latest request's view (digest `conv`), which the
-        next request extends."""
-        if run.before is not None and self.by_conv.get(run.before) is run:
-            del self.by_conv[run.before]
+        """The conversation the run reached: its latest request's view (`conv`: its digests with and
+        without the system messages, space-joined), which the next request extends."""
+        for d in (run.before or "").split():
+            if self.by_conv.get(d) is run:
+                del self.by_conv[d]
         if run.conv != conv:
             run.before = run.conv  # what the latest request extended: its retry still finds the run
         run.conv = conv
-        self.by_conv[conv] = run
+        for d in conv.split():
+            self.by_conv[d] = run
 
     def _route(self, incoming: Incoming, named: str | None, owner: str | None) -> WireRun | None:
         if named is not None:

@@ -6,7 +6,8 @@ Agents re-render their history: smolagents writes the calls it got back as assis
 messages ("Call id: c0\\nObservation:\\n..."), content as a list of parts. `view(messages)` reduces each
 message to its role, its text (parts flattened, whitespace collapsed) and its calls (from
 `tool_calls`, or read from recognised call text), consecutive messages of one role taken as one; a
-request continues a run when its view extends the view of that run's latest request (`digests`).
+request continues a run when its view extends the view of that run's latest request (`digests`),
+with its system messages or, failing that, without them.
 
 Agents that act in text (a bash block, a code block, `<code>`) send no tools: `action_of(text)` is
 the action a reply asks for, which the proxy fences as a call (docs/proxy.md, "Text actions").
@@ -34,7 +35,8 @@ TEXT_ACTION_SCHEMA = {"type": "object", "properties": {
     "required": ["action"]}
 _CALL_TEXT = re.compile(r"(?:^|\n)\s*Calling tools:\s*\n(\[.*\])\s*$", re.S)
 _FENCED = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n(.*?)^[ \t]*\1[ \t]*$", re.S | re.M)
-_CODE_TAG = re.compile(r"<code>(.*?)</code>", re.S)
+_OPEN_FENCE = re.compile(r"^[ \t]*(?:`{3,}|~{3,})[^\n]*\n(.*)\Z", re.S | re.M)  # cut by a stop sequence
+_CODE_TAG = re.compile(r"<code>(.*?)(?:</code>|\Z)", re.S)  # "</code>" is CodeAgent's stop sequence
 _CALL_ID = re.compile(r"\bCall id:\s*(\S+)")
 _SPACE = re.compile(r"\s+")
 
@@ -108,23 +110,30 @@ def view(messages: list[dict[str, Any]]) -> list[tuple[str, str, tuple[tuple[str
 
 
 def digests(messages: list[dict[str, Any]]) -> tuple[str, tuple[str, ...]]:
-    """(the digest of the whole request's view, the digests of its views cut just before each of its
-    assistant messages, longest first): the request extends a run whose latest request's digest is
-    one of the second."""
-    d, marks = "", []
+    """(the digests of the whole request's view, with and without its system messages, space-joined;
+    the digests of its views cut just before each of its assistant messages, longest first, and of one
+    length with the system messages first). A request extends the run whose latest request's digest
+    is one of the cuts; the cuts without system messages serve an agent that asks for its last answer
+    under another system prompt (smolagents at its max_steps)."""
     seen = view(messages)
-    for i, item in enumerate(seen):
-        if item[0] == "assistant" and d:
-            marks.append(d)
-        d = hashlib.sha256(f"{d}\n{canonical_json(item)}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return d, tuple(reversed(marks))
+    whole, cuts = [], []
+    for bare, items in enumerate((seen, [item for item in seen if item[0] != "system"])):
+        d = ""
+        for n, item in enumerate(items):
+            if item[0] == "assistant" and d:
+                cuts.append((-n, bare, d))
+            d = hashlib.sha256(f"{d}\n{canonical_json(item)}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        whole.append(d)
+    return " ".join(whole), tuple(d for _, _, d in sorted(cuts))
 
 
 def action_of(text: str | None) -> str | None:
-    """The action a reply's text asks for: its fenced code blocks, else its `<code>` blocks, else its
+    """The action a reply's text asks for: its fenced code blocks, else its `<code>` blocks (the last
+    one may be open: the upstream stopped at a stop sequence), else a fence left open, else its
     recognised call text, else the whole text (whitespace collapsed); None for an empty reply."""
     text = text or ""
-    blocks = [b.strip() for _, b in _FENCED.findall(text)] or [b.strip() for b in _CODE_TAG.findall(text)]
+    blocks = [b.strip() for _, b in _FENCED.findall(text)] or [b.strip() for b in _CODE_TAG.findall(text)] \
+        or [b.strip() for b in _OPEN_FENCE.findall(text)[:1]]
     if blocks:
         return "\n\n".join(blocks)
     _, calls = calls_in_text(text)

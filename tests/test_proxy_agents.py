@@ -1,0 +1,192 @@
+"""Real agents nobody here wrote, pinned (`make agents`: build/agents), through `loopfence proxy`
+with no header and no code change (issue 40): each against a scripted runaway upstream and a
+legitimate one, a real HTTP server on 127.0.0.1.
+
+- smolagents 1.26 `ToolCallingAgent` re-renders its history (calls as "Calling tools:" text,
+  results as "Observation:" user messages): a retry storm reaches the upstream at most 3 times, the
+  agent does not crash on the stop, a legitimate task is one run;
+- smolagents `CodeAgent` acts in code (text actions): the same code with the same output stops
+  within 6 upstream requests, a legitimate multi-step task finishes;
+- mini-swe-agent 2.4.6 in its text mode (`mini_textbased.yaml`, `LitellmTextbasedModel`): the same
+  command with the same output stops within 6; an edit-and-test loop, run for real, finishes.
+
+After each agent, the episode is over: its runs are ended (the reset route), and each log
+reconciles and replays with one request line per request that reached the upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopfence.proxy import STOP_MARKER
+from loopfence.runlog import read_log
+from loopfence.testing import calls_reply, text_reply, tool_call
+
+from _proxy_support import ROOT, Proxy, ReplyServer, logs_in, reconciles, replays, reset_all
+
+pytestmark = pytest.mark.timeout(600)
+AGENTS = ROOT / "build" / "agents" / "bin" / "python"
+DRIVE = ROOT / "tests" / "agents" / "drive.py"
+
+
+def _agents() -> Path:
+    if AGENTS.exists():
+        return AGENTS
+    message = "build/agents is not installed: run `make agents` (make test does)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def drive(kind: str, url: str, task: str, *, max_steps: int = 8, workdir: Path | None = None) -> dict[str, Any]:
+    """One agent run (tests/agents/drive.py in the agents' venv): its JSON summary; no crash."""
+    done = subprocess.run([str(_agents()), str(DRIVE), kind, url, task, "--max-steps", str(max_steps),
+                           "--workdir", str(workdir or ROOT)], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "LOOPFENCE_"))})
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
+    return json.loads(lines[-1])
+
+
+def task_of(body: dict[str, Any]) -> str:
+    """The opening user text (a parts list or a string), whatever the agent's system prompt."""
+    first = next(m for m in body["messages"] if m["role"] == "user")
+    content = first["content"]
+    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
+
+
+def turn_of(body: dict[str, Any]) -> int:
+    return sum(1 for m in body["messages"] if m["role"] == "assistant")
+
+
+class Scripted(ReplyServer):
+    """The reply to a request: its task's script (the first key the opening user text holds) at the
+    request's turn (assistant messages so far); `seen[key]` counts what reached it per task."""
+
+    def __init__(self, scripts: dict[str, Any]) -> None:
+        self.scripts, self.seen = scripts, dict.fromkeys(scripts, 0)
+        super().__init__(self.pick)
+
+    def pick(self, body: dict[str, Any]) -> dict[str, Any]:
+        key = next(k for k in self.scripts if k in task_of(body))
+        self.seen[key] += 1
+        script = self.scripts[key]
+        return script(turn_of(body)) if callable(script) else script[min(turn_of(body), len(script) - 1)]
+
+
+def ended_logs(proxy: Proxy, logs: Path, upstream: int) -> list[Path]:
+    """The episode is over: every run ended; each log reconciles and replays; one request line per
+    upstream request in all."""
+    reset_all(proxy.base_url)
+    found = logs_in(logs)
+    for log in found:
+        reconciles(log)
+        replays(log)
+    assert sum(len(read_log(log).of("request")) for log in found) == upstream
+    return found
+
+
+def _stops(log: Path) -> str:
+    stop = read_log(log).stop
+    assert stop is not None
+    return str(stop.reason)
+
+
+# ---------------------------------------------------------------------------- smolagents ToolCallingAgent
+def test_smolagents_tool_calling_agent_storm_and_legit_task(tmp_path: Path) -> None:
+    storm = lambda turn: calls_reply(tool_call("fetch_status", {"service": "flaky"}, id=f"call_{turn}"))  # noqa: E731
+    legit = [calls_reply(tool_call("get_weather", {"city": "Paris"}, id="call_p"), usage=(50, 9)),
+             calls_reply(tool_call("get_weather", {"city": "Rome"}, id="call_r"), usage=(60, 9)),
+             calls_reply(tool_call("final_answer", {"answer": "Paris and Rome: sunny"}, id="call_f"), usage=(70, 9))]
+    scripts = {"flaky service": storm, "weather in Paris and Rome": legit}
+    for name, want in (("flaky service", "storm"), ("weather in Paris and Rome", "legit")):
+        logs = tmp_path / want
+        with Scripted(scripts) as up, Proxy("--upstream", up.base_url, "--logs", str(logs),
+                                            stderr=tmp_path / f"{want}.err") as proxy:
+            out = drive("tool_calling", proxy.base_url, f"Check the {name}." if want == "storm" else
+                        f"What is the {name}?", max_steps=10)
+            assert "error" not in out, out
+            if want == "storm":
+                assert up.seen[name] <= 3, up.seen
+                assert str(out["output"]).startswith(STOP_MARKER), out  # its last answer is the stop
+                found = ended_logs(proxy, logs, up.seen[name])
+                assert len(found) == 1 and _stops(found[0]) in {"repeated_call", "no_progress"}
+            else:
+                assert out["output"] == "Paris and Rome: sunny" and out["state"] == "success", out
+                assert up.seen[name] == 3
+                found = ended_logs(proxy, logs, 3)
+                assert len(found) == 1  # one run, though every request re-rendered the history
+                log = read_log(found[0])
+                assert log.stop is not None and log.stop.ledger["tool_executions"] == 2
+                assert log.stop.reason == "final_answer" and log.stop.data["unanswered"] == ["call_f"]
+
+
+# ---------------------------------------------------------------------------- smolagents CodeAgent
+def test_smolagents_code_agent_same_code_same_output_stops_and_legit_finishes(tmp_path: Path) -> None:
+    scripts = {"Wait for the build": [text_reply("Thought: check again.\n<code>\nprint('build: pending')\n</code>")],
+               "Compute 6*7": [text_reply("Thought: compute.\n<code>\nx = 6 * 7\nprint('x is', x)\n</code>"),
+                               text_reply("Thought: check.\n<code>\nprint('x + 1 is', x + 1)\n</code>"),
+                               text_reply("Thought: done.\n<code>\nfinal_answer(x)\n</code>")]}
+    for key, want in (("Wait for the build", "runaway"), ("Compute 6*7", "legit")):
+        logs = tmp_path / want
+        with Scripted(scripts) as up, Proxy("--upstream", up.base_url, "--logs", str(logs),
+                                            stderr=tmp_path / f"{want}.err") as proxy:
+            out = drive("code", proxy.base_url, f"{key}.", max_steps=12)
+            assert "error" not in out, out
+            if want == "runaway":
+                assert up.seen[key] <= 6, up.seen
+                assert str(out["output"]).startswith(STOP_MARKER), out
+                found = ended_logs(proxy, logs, up.seen[key])
+                assert len(found) == 1
+                assert _stops(found[0]) in {"repeated_call", "repeated_result", "cycle", "no_progress"}
+            else:
+                assert out["output"] == "42" and out["state"] == "success", out
+                found = ended_logs(proxy, logs, 3)
+                assert len(found) == 1
+                log = read_log(found[0])
+                assert log.stop is not None and log.stop.ledger["tool_executions"] == 2
+                actions = [json.loads(c.raw_arguments)["action"] for c in log.of("call")]
+                assert actions[-1] == "final_answer(x)"
+
+
+# ---------------------------------------------------------------------------- mini-swe-agent, text mode
+def _bash(thought: str, command: str) -> dict[str, Any]:
+    return text_reply(f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```")
+
+
+def test_mini_swe_agent_text_mode_repeated_command_stops_and_edit_and_test_finishes(tmp_path: Path) -> None:
+    test = "python3 -c 'import m; assert m.f() == 2, m.f()' && echo PASSED"
+    scripts = {"Wait for the queue": [_bash("Check the queue again.", "echo 'queue: 3 jobs waiting'")],
+               "Make m.f return 2": [_bash("Write the module.", "printf 'def f():\\n    return 1\\n' > m.py"),
+                                     _bash("Run the test.", test),
+                                     _bash("Fix it.", "sed -i 's/return 1/return 2/' m.py"),
+                                     _bash("Run the test again.", test),
+                                     _bash("Done.", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")]}
+    for key, want in (("Wait for the queue", "runaway"), ("Make m.f return 2", "legit")):
+        logs, work = tmp_path / want, tmp_path / f"{want}-work"
+        work.mkdir()
+        with Scripted(scripts) as up, Proxy("--upstream", up.base_url, "--logs", str(logs),
+                                            stderr=tmp_path / f"{want}.err") as proxy:
+            out = drive("mini", proxy.base_url, f"{key}.", max_steps=20, workdir=work)
+            assert "error" not in out, out
+            if want == "runaway":
+                assert up.seen[key] <= 6, up.seen
+                assert out["state"] != "Submitted", out
+                found = ended_logs(proxy, logs, up.seen[key])
+                assert len(found) == 1
+                assert _stops(found[0]) in {"repeated_call", "repeated_result", "cycle", "no_progress"}
+            else:
+                assert out["state"] == "Submitted", out
+                assert (work / "m.py").read_text() == "def f():\n    return 2\n"
+                found = ended_logs(proxy, logs, 5)
+                assert len(found) == 1
+                log = read_log(found[0])
+                assert log.stop is not None and log.stop.ledger["tool_executions"] == 4
+                results = [r.content for r in log.of("result") if r.decision == "executed"]
+                assert "PASSED" in results[-1] and "AssertionError" in results[1]
