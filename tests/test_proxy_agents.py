@@ -44,13 +44,16 @@ def _agents() -> Path:
     pytest.skip(message)
 
 
-def drive(kind: str, url: str, task: str, *, max_steps: int = 8, workdir: Path | None = None) -> dict[str, Any]:
-    """One agent run (tests/agents/drive.py in the agents' venv): its JSON summary; no crash."""
+def drive(kind: str, url: str, task: str, *, max_steps: int = 8, workdir: Path | None = None,
+          raises: bool = False, **env: str) -> dict[str, Any]:
+    """One agent run (tests/agents/drive.py in the agents' venv): its JSON summary; no crash (with
+    `raises`: the agent's run raised, and the summary names the error)."""
     done = subprocess.run([str(_agents()), str(DRIVE), kind, url, task, "--max-steps", str(max_steps),
                            "--workdir", str(workdir or ROOT)], capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "LOOPFENCE_"))})
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "LOOPFENCE_"))},
+                               **env})
     lines = done.stdout.strip().splitlines()
-    assert done.returncode == 0 and lines, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
+    assert done.returncode == (1 if raises else 0) and lines, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
     return json.loads(lines[-1])
 
 
@@ -190,3 +193,28 @@ def test_mini_swe_agent_text_mode_repeated_command_stops_and_edit_and_test_finis
                 assert log.stop is not None and log.stop.ledger["tool_executions"] == 4
                 results = [r.content for r in log.of("result") if r.decision == "executed"]
                 assert "PASSED" in results[-1] and "AssertionError" in results[1]
+
+
+# ---------------------------------------------------------------------------- --on-stop error
+def test_on_stop_error_ends_smolagents_and_mini_swe_agent_retries_the_400(tmp_path: Path) -> None:
+    """The 400 of `--on-stop error`: smolagents' run raises it (both agents); mini-swe-agent retries
+    it (litellm, MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT times; 10 by default), each retry answered the
+    same 400 without reaching the upstream, then its run raises it."""
+    storm = lambda turn: calls_reply(tool_call("fetch_status", {"service": "flaky"}, id=f"call_{turn}"))  # noqa: E731
+    scripts = {"flaky service": storm, "Wait for the queue": [_bash("Again.", "echo 'queue: 3 jobs waiting'")],
+               "Wait for the build": [text_reply("Thought: again.\n<code>\nprint('build: pending')\n</code>")]}
+    with Scripted(scripts) as up, Proxy("--upstream", up.base_url, "--logs", str(tmp_path / "logs"), "--on-stop",
+                                        "error", stderr=tmp_path / "err") as proxy:
+        smol = drive("tool_calling", proxy.base_url, "Check the flaky service.", max_steps=10, raises=True)
+        assert STOP_MARKER in smol["error"] and ("repeated_call" in smol["error"] or "no_progress" in smol["error"])
+        assert up.seen["flaky service"] <= 3
+        code = drive("code", proxy.base_url, "Wait for the build.", max_steps=12, raises=True)
+        assert STOP_MARKER in code["error"], code
+        assert up.seen["Wait for the build"] <= 6
+        work = tmp_path / "work"
+        work.mkdir()
+        mini = drive("mini", proxy.base_url, "Wait for the queue.", max_steps=20, workdir=work, raises=True,
+                     MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT="2")
+        assert "BadRequestError" in mini["error"] and STOP_MARKER in mini["error"], mini
+        assert up.seen["Wait for the queue"] <= 6
+        assert len(up.requests) == sum(up.seen.values())
