@@ -23,6 +23,7 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from loopfence.cli import cli
 from loopfence.proxy._answer import STOP_MARKER
 from loopfence.runlog import read_log
 from loopfence.testing import text_reply
@@ -120,6 +121,10 @@ def test_an_edit_and_test_loop_and_a_poll_whose_output_changes_finish(tmp_path: 
         log = read_log(one_log(logs))
         assert log.stop is not None and log.stop.reason == "final_answer"
         assert log.stop.ledger["tool_executions"] == len(outs)
+    page = tmp_path / "report.html"
+    assert cli(["report", str(one_log(tmp_path / "edit")), "-o", str(page)]) == 0
+    html = page.read_text(encoding="utf-8")
+    assert "text_action" in html and "pytest -q" in html  # the report shows each action
 
 
 def test_a_reply_with_code_tags_or_several_blocks_is_one_action(tmp_path: Path) -> None:
