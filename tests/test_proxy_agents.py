@@ -130,6 +130,20 @@ def test_smolagents_tool_calling_agent_storm_and_legit_task(tmp_path: Path) -> N
                 assert log.stop.reason == "final_answer" and log.stop.data["unanswered"] == ["call_f"]
 
 
+def test_smolagents_tool_calling_agent_whose_model_only_talks_is_one_run_that_stops(tmp_path: Path) -> None:
+    """ToolCallingAgent demands a call (`tool_choice: "required"`): a reply with none is not its
+    answer, smolagents sends a parsing error and asks again. The same text after the same error is
+    a repeated text action: one run, stopped within 6 upstream requests."""
+    scripts = {"sunny": [text_reply("I think it is sunny everywhere.")]}
+    with Scripted(scripts) as up, Proxy("--upstream", up.base_url, "--logs", str(tmp_path / "logs"),
+                                        stderr=tmp_path / "err") as proxy:
+        out = drive("tool_calling", proxy.base_url, "Is it sunny?", max_steps=20)
+        assert "error" not in out, out
+        assert up.seen["sunny"] <= 6, up.seen
+        found = ended_logs(proxy, tmp_path / "logs", up.seen["sunny"])
+        assert len(found) == 1 and _stops(found[0]) in {"repeated_call", "repeated_result", "no_progress"}
+
+
 # ---------------------------------------------------------------------------- smolagents CodeAgent
 def test_smolagents_code_agent_same_code_same_output_stops_and_legit_finishes(tmp_path: Path) -> None:
     scripts = {"Wait for the build": [text_reply("Thought: check again.\n<code>\nprint('build: pending')\n</code>")],

@@ -299,10 +299,15 @@ class Runs:
     def make(self, rid: str, incoming: Incoming, user_agent: str, owner: str | None,
              log: Path | RunLog | None, named: str | None = None) -> WireRun:
         """A new run `rid` for `incoming`, its header written to `log`. Its replies' text actions are
-        calls (`text_action`) when it has no tools, or a name without `per_turn`."""
+        calls (`text_action`) when it has no tools, or a name without `per_turn`, or tools with a
+        `tool_choice` that demands a call (a reply with none is not an answer that client takes:
+        smolagents' ToolCallingAgent asks again)."""
         st = self.settings
         names = [t["function"]["name"] for t in incoming.tools]
-        texts = (not st.per_turn if named is not None else not incoming.tools) and not TEXT_TOOLS & set(names)
+        choice = incoming.params.get("tool_choice")
+        wants_calls = bool(incoming.tools) and (choice == "required" or isinstance(choice, dict))
+        texts = (not st.per_turn if named is not None else not incoming.tools or wants_calls) \
+            and not TEXT_TOOLS & set(names)
         polls = texts and any(k is ToolKind.POLL for k in st.kinds.values())
         kinds = {n: st.kinds[n] for n in names if n in st.kinds} | ({TEXT_POLL: ToolKind.POLL} if polls else {})
         fence = Fence(limits=st.limits, policy=st.policy, kinds=kinds, log=log)
