@@ -127,6 +127,27 @@ def test_an_edit_and_test_loop_and_a_poll_whose_output_changes_finish(tmp_path: 
     assert "text_action" in html and "pytest -q" in html  # the report shows each action
 
 
+def test_a_text_run_goes_on_after_kill_9_and_a_restart(tmp_path: Path) -> None:
+    replies = [bash("Look.", "ls"), bash("Read.", "cat a.py"), bash("Edit.", "sed -i s/1/2/ a.py"),
+               bash("Test.", "pytest -q"), "Fixed."]
+    outs = ["a.py", "x = 1", "", "1 passed in 0.01s"]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Fix a.py."}]
+    with ReplyServer(lambda body: text_reply(replies[min(turn_of(body), len(replies) - 1)])) as up:
+        for turn in range(len(replies)):
+            proxy = Proxy("--upstream", up.base_url, "--logs", str(tmp_path), stderr=tmp_path / "err")
+            r = post(proxy.base_url, messages)
+            assert r.status_code == 200 and "x-loopfence-stop" not in r.headers, r.text
+            if turn < len(outs):
+                messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                             {"role": "user", "content": observation(outs[turn])}]
+                proxy.kill()  # kill -9 between two requests: the next proxy folds the log back
+        assert len(up.requests) == len(replies)
+        ends_whole(proxy.base_url, tmp_path, len(replies))
+        proxy.stop()
+    log = read_log(one_log(tmp_path))
+    assert log.stop is not None and log.stop.ledger["tool_executions"] == len(outs)
+
+
 def test_a_reply_with_code_tags_or_several_blocks_is_one_action(tmp_path: Path) -> None:
     replies = ["Thought: compute.\n<code>\nprint(1 + 1)\n</code>",
                "Two steps:\n```bash\ncd src\n```\nthen\n```bash\nmake\n```"]
