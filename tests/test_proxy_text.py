@@ -283,3 +283,23 @@ def test_every_stop_answer_is_a_complete_chat_completion_streamed_and_not(tmp_pa
     usage = [p for p in (ChatCompletionChunk.model_validate(c) for c in _sse(streamed.text)) if p.usage is not None]
     assert len(usage) == 1 and usage[0].usage is not None and usage[0].usage.total_tokens == 0
     assert len(up.requests) == 1
+
+
+def test_an_unknown_route_is_a_json_404_in_its_wire_s_shape_naming_what_is_served(tmp_path: Path) -> None:
+    with ReplyServer(lambda body: text_reply("ok")) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        root = proxy.base_url.removesuffix("/v1")
+        anthropic = httpx.post(f"{root}/v1/messages?beta=true", json={"model": "m", "messages": []}, timeout=30)
+        gemini = httpx.post(f"{root}/v1beta/models/g:streamGenerateContent?alt=sse", json={}, timeout=30)
+        responses = httpx.post(f"{root}/v1/responses", json={"model": "m", "input": "hi"}, timeout=30)
+        nowhere = httpx.get(f"{root}/nowhere", timeout=30)
+    assert anthropic.status_code == 404 and anthropic.json()["type"] == "error"
+    assert anthropic.json()["error"]["type"] == "not_found_error"
+    assert gemini.status_code == 404 and gemini.json()["error"]["status"] == "NOT_FOUND"
+    for r in (responses, nowhere):
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_route"
+    for r, path in ((anthropic, "/v1/messages"), (gemini, "/v1beta/models/g:streamGenerateContent"),
+                    (responses, "/v1/responses"), (nowhere, "/nowhere")):
+        message = (r.json()["error"]["message"])
+        assert path in message and "POST /v1/chat/completions" in message, message
+    assert up.requests == []

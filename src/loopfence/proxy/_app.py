@@ -5,6 +5,7 @@
     GET  /loopfence/runs        this client's runs: ledger and stop
     GET  /loopfence/runs/{id}   one of them, by id or by this client's run name
     POST /loopfence/runs/{id}/reset   end it (its log gets its stop line) and free its name
+    anything else               404 as JSON in the shape of the wire its path belongs to
 
 The run name is the `X-Loopfence-Run` header, else the first session header an agent sends
 (`SESSION_HEADERS`, then `Settings.session_headers`), each scoped to the client's key.
@@ -179,13 +180,33 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             return JSONResponse(run, headers={RUN_HEADER: run["id"]})
         return route
 
+    async def not_served(request: Request) -> Response:
+        return _unknown_route(request.method, request.url.path)
+
     return Starlette(routes=[
         Route("/v1/chat/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/loopfence/runs", list_runs, methods=["GET"]),
         Route("/loopfence/runs/{run_id}", run_route(runs.one), methods=["GET"]),
         Route("/loopfence/runs/{run_id}/reset", run_route(runs.reset), methods=["POST"]),
+        Route("/{path:path}", not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
     ])
+
+
+SERVED = ("POST /v1/chat/completions, GET /v1/models, GET /loopfence/runs, GET /loopfence/runs/{id}, "
+          "POST /loopfence/runs/{id}/reset")
+
+
+def _unknown_route(method: str, path: str) -> JSONResponse:
+    """A route the proxy does not serve: 404 as JSON in the shape of the wire the path belongs to
+    (Anthropic Messages, Gemini, else OpenAI's), naming what it serves; never a plain-text 404."""
+    what = (f"loopfence proxy does not serve {method} {path[:200]}: it serves the Chat Completions wire "
+            f"({SERVED})")
+    if path.startswith("/v1/messages"):
+        return JSONResponse({"type": "error", "error": {"type": "not_found_error", "message": what}}, 404)
+    if path.startswith(("/v1beta/", "/v1alpha/")):
+        return JSONResponse({"error": {"code": 404, "message": what, "status": "NOT_FOUND"}}, 404)
+    return _error(404, what, code="unknown_route")
 
 
 async def _iterate(parts: list[bytes]) -> AsyncIterator[bytes]:
