@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from loopfence._drivers._reconcile import reconcile
 from loopfence.proxy import Proxy, Settings
+from loopfence.runlog import read_log
 from loopfence.testing import FakeServer
 from loopfence.testing._builders import calls_reply, text_reply, tool_call
 
@@ -150,3 +152,42 @@ def test_an_idle_run_is_forgotten_after_expire_after_and_its_log_stays(tmp_path:
     assert first == "idle" and again == "idle-2"  # a run of its own: the forgotten one's log is not reused
     checks = reconcile(tmp_path / "idle.jsonl").checks
     assert checks and all(c.ok for c in checks)
+
+
+def _open_logs(folder: Path) -> int:
+    """This process's file descriptors open on a file in `folder`."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd).startswith(str(folder.resolve()) + os.sep))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+def test_runs_waiting_on_their_clients_past_max_open_logs_rest_their_log_files(tmp_path: Path) -> None:
+    """One-shot requests with no tools leave runs waiting (a text reply is a text action): past
+    `max_open_logs` the longest-waiting rest their logs (closed), and a rested run goes on whole."""
+
+    async def go() -> list[str]:
+        proxy = Proxy(fs.base_url, Settings(logs=tmp_path))
+        proxy.runs.max_open_logs = 2
+        async with _client(proxy) as client:
+            ids = []
+            for i in range(6):
+                r = await client.post("/chat/completions", json={"model": "m", "messages": [
+                    {"role": "user", "content": f"classify {i}"}]})
+                ids.append(r.headers["x-loopfence-run"])
+            assert _open_logs(tmp_path) == 2
+            first = [{"role": "user", "content": "classify 0"}, {"role": "assistant", "content": "positive"},
+                     {"role": "user", "content": "and now?"}]
+            again = await client.post("/chat/completions", json={"model": "m", "messages": first})
+            assert again.headers["x-loopfence-run"] == ids[0]  # the rested run, continued
+            assert _open_logs(tmp_path) == 2
+            for rid in ids:
+                assert (await client.post(f"http://proxy/loopfence/runs/{rid}/reset")).status_code == 200
+            assert _open_logs(tmp_path) == 0
+            return ids
+
+    with FakeServer([text_reply("positive")], across_runs=True) as fs:
+        ids = asyncio.run(go())
+    for rid in ids:
+        checks = reconcile(tmp_path / f"{rid}.jsonl").checks
+        assert all(c.ok for c in checks), [(c.name, c.detail) for c in checks if not c.ok]
+    assert len(read_log(tmp_path / f"{ids[0]}.jsonl").of("request")) == 2

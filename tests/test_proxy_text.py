@@ -26,7 +26,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from loopfence.cli import cli
 from loopfence.proxy._answer import STOP_MARKER
 from loopfence.runlog import read_log
-from loopfence.testing import text_reply
+from loopfence.testing import calls_reply, text_reply, tool_call
 
 from _proxy_support import Proxy, ReplyServer, logs_in, reconciles, replays, reset_all
 
@@ -159,6 +159,39 @@ def test_a_reply_with_code_tags_or_several_blocks_is_one_action(tmp_path: Path) 
     assert actions == ["print(1 + 1)", "cd src\n\nmake"]
 
 
+# ---------------------------------------------------------------------------- re-rendered results
+TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_results_re_rendered_as_user_messages_answer_the_calls_they_name_else_all_in_order(tmp_path: Path) -> None:
+    """smolagents' rendering: the calls as "Calling tools:" text, their results as user messages
+    (one "Observation:" for parallel calls, or one per call naming its id, in any order)."""
+    replies = [calls_reply(tool_call("get", {"city": "Paris"}, id="c_a"), tool_call("get", {"city": "Rome"}, id="c_b")),
+               calls_reply(tool_call("get", {"city": "Oslo"}, id="c_c"), tool_call("get", {"city": "Bern"}, id="c_d")),
+               text_reply("All sunny.")]
+    with ReplyServer(lambda body: replies[min(turn_of(body), 2)]) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "New task:\nWeather?"}]}]
+        observations = [[{"role": "user", "content": "Observation:\nParis: sunny\nRome: sunny"}],
+                        [{"role": "user", "content": "Call id: c_d\nObservation:\nBern: sunny"},
+                         {"role": "user", "content": "Call id: c_c\nObservation:\nOslo: sunny"}]]
+        for turn in range(3):
+            r = post(proxy.base_url, messages, tools=TOOLS)
+            assert r.status_code == 200 and "x-loopfence-stop" not in r.headers, r.text
+            if turn < 2:
+                calls = [{"id": c["id"], "type": "function", "function": {"name": "get", "arguments": json.loads(
+                    c["function"]["arguments"])}} for c in r.json()["choices"][0]["message"]["tool_calls"]]
+                messages += [{"role": "assistant", "content": f"Calling tools:\n{calls!r}"}, *observations[turn]]
+    log = read_log(one_log(tmp_path))
+    got = {e.tool_call_id: e.content for e in log.of("result") if e.decision == "executed"}
+    assert got == {"c_a": "Observation:\nParis: sunny\nRome: sunny", "c_b": "Observation:\nParis: sunny\nRome: sunny",
+                   "c_c": "Call id: c_c\nObservation:\nOslo: sunny", "c_d": "Call id: c_d\nObservation:\nBern: sunny"}
+    assert log.stop is not None and log.stop.reason == "final_answer" and log.stop.ledger["tool_executions"] == 4
+    reconciles(one_log(tmp_path))
+    replays(one_log(tmp_path))
+
+
 # ---------------------------------------------------------------------------- named runs
 def test_twenty_text_answers_under_one_name_share_one_budget_of_ten(tmp_path: Path) -> None:
     with ReplyServer(lambda body: text_reply(f"Answer to: {body['messages'][-1]['content']}")) as up, \
@@ -183,8 +216,11 @@ def test_budget_per_turn_gives_each_turn_after_a_text_answer_fresh_budgets(tmp_p
                   stderr=tmp_path / "err") as proxy:
         got = [post(proxy.base_url, [{"role": "user", "content": f"turn {i}"}], {"X-Loopfence-Run": "chat"})
                for i in range(3)]
-    assert len(up.requests) == 3 and all("x-loopfence-stop" not in r.headers for r in got)
+        at_once = asyncio.run(_branches(proxy.base_url, 3, {"X-Loopfence-Run": "busy"}))
+    assert len(up.requests) == 6 and all("x-loopfence-stop" not in r.headers for r in got + at_once)
     assert [r.headers["x-loopfence-run"] for r in got] == ["chat", "chat-2", "chat-3"]
+    # requests queued behind the one whose answer ended the run each start a run, never get a "stop"
+    assert sorted(r.headers["x-loopfence-run"] for r in at_once) == ["busy", "busy-2", "busy-3"]
     for log in logs_in(tmp_path):
         reconciles(log)
 
@@ -223,7 +259,12 @@ def test_reset_ends_a_stopped_named_run_and_the_name_starts_afresh(tmp_path: Pat
         # the same name under another key is another run: names are scoped to the client's key
         other = post(proxy.base_url, [{"role": "user", "content": "bob's task"}], {**bob, "X-Loopfence-Run": "job"})
         assert other.headers["x-loopfence-run"] == "job-3" and "x-loopfence-stop" not in other.headers
-        assert len(up.requests) == 4
+        # the same conversation from two keys is two runs (the routes are per key too)
+        mine = post(proxy.base_url, [{"role": "user", "content": "the same"}], alice)
+        theirs = post(proxy.base_url, [{"role": "user", "content": "the same"}], bob)
+        assert mine.status_code == theirs.status_code == 200, theirs.text
+        assert mine.headers["x-loopfence-run"] != theirs.headers["x-loopfence-run"]
+        assert len(up.requests) == 6
         reconciles(tmp_path / "job.jsonl")
 
 
@@ -269,13 +310,14 @@ def test_every_stop_answer_is_a_complete_chat_completion_streamed_and_not(tmp_pa
                         stream_options={"include_usage": True})
         bare = post(proxy.base_url, [{"role": "user", "content": "q3"}], named, stream=True)
         again = post(proxy.base_url, [{"role": "user", "content": "q4"}], named)
+        retried = post(proxy.base_url, [{"role": "user", "content": "q1"}], named)  # the stopped request again
     answer = ChatCompletion.model_validate(plain.json())
     assert plain.headers["x-loopfence-stop"] == "max_steps"
     assert answer.usage is not None and answer.usage.total_tokens == 0
     assert answer.model == "m-asked" and answer.created > 0 and answer.id.startswith("chatcmpl-")
     text = answer.choices[0].message.content or ""
     assert text.startswith(STOP_MARKER) and "max_steps" in text and "limit 1" in text
-    assert again.json() == plain.json()  # every answer to a stopped run is the same
+    assert again.json() == plain.json() == retried.json()  # every answer to a stopped run is the same
     for r in (streamed, bare):
         parts = [ChatCompletionChunk.model_validate(c) for c in _sse(r.text)]
         assert {(p.id, p.model, p.created) for p in parts} == {(answer.id, "m-asked", answer.created)}

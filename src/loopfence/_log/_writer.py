@@ -98,6 +98,7 @@ class RunLog:
         self._written = seq  # lines known complete in the file
         self._observer_failed = False  # an on_event raised (warned once)
         self._reply_raw: Any = None  # the latest reply's raw response (where a call's arguments are)
+        self._resting = False  # the file closed by `rest()`: the next line opens it again
         if self.path is not None:
             self._fh = _open(self.path, "ab" if append else "wb")
 
@@ -118,6 +119,8 @@ class RunLog:
         record = {"event": event, "seq": self._seq, "t": t, **fields}
         ev = ev.stamped(self._seq, t, record)
         self._seq += 1
+        if self._resting:
+            self._fh, self._resting = _open(self.path, "ab"), False  # type: ignore[arg-type]  (resting: a path)
         if self._fh is not None:
             if self.hold and event in _HELD:
                 if self._broken is not None:
@@ -168,7 +171,16 @@ class RunLog:
             raise self._broken from None
         self._written = self._seq
 
+    def rest(self) -> None:
+        """The file closed until the next line, which opens it again to append: a run that waits long
+        on someone else (a proxy run between its client's requests) holds no file descriptor."""
+        if self._fh is not None and self._broken is None:
+            self.flush()
+            self._fh.close()
+            self._fh, self._resting = None, True
+
     def close(self) -> None:
+        self._resting = False
         if self._fh is not None:
             try:
                 if self._broken is None:

@@ -136,7 +136,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
                       created=int(time.time()))
         return StreamingResponse(_relayed(first, queue, task, head, incoming.include_usage),
                                  media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", RUN_HEADER: rid[0] if rid else ""})
+                                 headers={"Cache-Control": "no-cache", RUN_HEADER: rid[-1] if rid else ""})
 
     def _spawn(coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)

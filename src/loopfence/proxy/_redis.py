@@ -6,8 +6,8 @@ truth, and a replica rebuilds the run from them as a restart does (`_restore.fol
 run again over the recorded traffic). Beside the list, the hash `lf:run:<id>` holds what the log does
 not: who opened it, its version (the list's length), the latest request's digest and its answer, the
 stop's answer, the conversation digests (`meta`), and the summary `GET /loopfence/runs` shows. The
-keys `lf:name:<client key digest>/<name>`, `lf:conv:<digest>` and `lf:latest:<digest>` route a request to
-its run (the name first; else a retry of an open run's latest request; else the longest view of the
+keys `lf:name:<key>/<name>`, `lf:conv:<key>/<digest>` and `lf:latest:<key>/<digest>` (`<key>`: the client
+key's digest, empty without keys) route a request to its run (the name first; else a retry of an open run's latest request; else the longest view of the
 request that a run's latest request had, `_view.digests`).
 
 One request is two round trips, each one Lua script (atomic: Redis runs one at a time):
@@ -56,7 +56,7 @@ from .._log._reader import parse_log
 from .._log._writer import RunLog, line
 from ._answer import Answer
 from ._restore import fold
-from ._runs import RUN_ID, Runs, Settings, WireRun
+from ._runs import RUN_ID, Runs, Settings, WireRun, keyed
 from ._upstream import Relay, Upstream
 from ._wire import BadRequest, Incoming
 
@@ -78,14 +78,16 @@ if epoch ~= A[1] then return {'epoch', epoch} end
 local rid
 if A[2] ~= '' then rid = redis.call('GET', P .. 'name:' .. A[6] .. '/' .. A[2])
 else
-  rid = redis.call('GET', P .. 'latest:' .. A[4])
-  if rid and redis.call('HGET', P .. 'run:' .. rid, 'finished') == '1' then rid = false end
+  local again = redis.call('GET', P .. 'latest:' .. A[6] .. '/' .. A[4])
+  local g = again and redis.call('HMGET', P .. 'run:' .. again, 'finished', 'stopped') or {}
+  if again and g[1] ~= '1' then rid = again end
   if not rid then
     for d in string.gmatch(A[3], '%S+') do
-      rid = redis.call('GET', P .. 'conv:' .. d)
+      rid = redis.call('GET', P .. 'conv:' .. A[6] .. '/' .. d)
       if rid then break end
     end
   end
+  if not rid and again and g[2] then rid = again end
 end
 if rid and redis.call('EXISTS', P .. 'run:' .. rid) == 0 then rid = false end
 if rid then
@@ -100,8 +102,8 @@ if rid then
   if f[4] == '1' then
     if f[5] then return {'answer', f[5]} end
     rid = false
-  elseif f[2] and f[2] ~= A[4] and redis.call('GET', P .. 'latest:' .. f[2]) == rid then
-    redis.call('DEL', P .. 'latest:' .. f[2])
+  elseif f[2] and f[2] ~= A[4] and redis.call('GET', P .. 'latest:' .. A[6] .. '/' .. f[2]) == rid then
+    redis.call('DEL', P .. 'latest:' .. A[6] .. '/' .. f[2])
   end
 end
 if not rid then
@@ -117,7 +119,7 @@ if not rid then
   if A[2] ~= '' then redis.call('SET', P .. 'name:' .. A[6] .. '/' .. A[2], rid, 'PX', A[12]) end
 end
 redis.call('SET', P .. 'lock:' .. rid, A[7] .. '|' .. A[4], 'PX', A[8])
-redis.call('SET', P .. 'latest:' .. A[4], rid, 'PX', A[12])
+redis.call('SET', P .. 'latest:' .. A[6] .. '/' .. A[4], rid, 'PX', A[12])
 local run = P .. 'run:' .. rid
 local v = redis.call('HGET', run, 'version')
 local out = {'run', rid, v, redis.call('HGET', run, 'meta') or ''}
@@ -139,13 +141,14 @@ if n > 0 then redis.call('RPUSH', log, unpack(A, 13)) end
 redis.call('HSET', run, 'version', tostring(tonumber(A[3]) + n), 'latest', A[5], 'answer', A[6], 'finished', A[7],
            'meta', A[9], 'desc', A[12])
 if A[8] ~= '' then redis.call('HSET', run, 'stopped', A[8]) end
-for d in string.gmatch(A[11], '%S+') do
-  if redis.call('GET', P .. 'conv:' .. d) == rid then redis.call('DEL', P .. 'conv:' .. d) end
-end
-for d in string.gmatch(A[10], '%S+') do redis.call('SET', P .. 'conv:' .. d, rid, 'PX', A[4]) end
 local named = redis.call('HMGET', run, 'named', 'owner')
-if named[1] and named[1] ~= '' then redis.call('PEXPIRE', P .. 'name:' .. (named[2] or '') .. '/' .. named[1], A[4]) end
-redis.call('PEXPIRE', P .. 'latest:' .. A[5], A[4])
+local who = (named[2] or '') .. '/'
+for d in string.gmatch(A[11], '%S+') do
+  if redis.call('GET', P .. 'conv:' .. who .. d) == rid then redis.call('DEL', P .. 'conv:' .. who .. d) end
+end
+for d in string.gmatch(A[10], '%S+') do redis.call('SET', P .. 'conv:' .. who .. d, rid, 'PX', A[4]) end
+if named[1] and named[1] ~= '' then redis.call('PEXPIRE', P .. 'name:' .. who .. named[1], A[4]) end
+redis.call('PEXPIRE', P .. 'latest:' .. who .. A[5], A[4])
 redis.call('PEXPIRE', run, A[4])
 redis.call('PEXPIRE', log, A[4])
 redis.call('DEL', lk)
@@ -154,6 +157,11 @@ return 1
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+_FREE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
@@ -208,6 +216,7 @@ class RedisRuns(Runs):
         self._commit = self.redis.register_script(_COMMIT)
         self._renew = self.redis.register_script(_RENEW)
         self._release = self.redis.register_script(_RELEASE)
+        self._free = self.redis.register_script(_FREE)
 
     def describe_store(self) -> str:
         return f"redis {self.url.split('@')[-1]}"
@@ -286,8 +295,7 @@ class RedisRuns(Runs):
         try:
             found = await self.redis.get(name_key)
             rid = _text(found) if found is not None else rid
-            who, named, latest, given = await self.redis.hmget(PREFIX + "run:" + rid, "owner", "named", "latest",
-                                                              "answer")
+            who, named = await self.redis.hmget(PREFIX + "run:" + rid, "owner", "named")
             if who is None or _text(who) != (owner or ""):
                 return None
             lock = f"{uuid.uuid4().hex}|reset"
@@ -295,7 +303,8 @@ class RedisRuns(Runs):
             while not await self.redis.set(PREFIX + "lock:" + rid, lock, nx=True, px=self.lease_ms):
                 await asyncio.sleep(pause)  # a request of the run is at work: it goes first
                 pause = min(pause * 2, 0.05)
-            version, meta = await self.redis.hmget(PREFIX + "run:" + rid, "version", "meta")
+            version, meta, latest, given = await self.redis.hmget(PREFIX + "run:" + rid, "version", "meta", "latest",
+                                                                  "answer")
             lines = [bytes(x) for x in await self.redis.lrange(PREFIX + "log:" + rid, 0, -1)]
         except self._errors as exc:
             raise self._down(exc) from None
@@ -314,8 +323,8 @@ class RedisRuns(Runs):
                 rid, lock, _text(version), self.ttl_ms, _text(latest or b""), _text(given or b""), "1",
                 json.dumps(run.stopped.to_json()) if run.stopped is not None else "", _text(meta or b"{}"), "", "",
                 json.dumps(run.describe()), *new])
-            if ok and named and await self.redis.get(f"{PREFIX}name:{owner or ''}/{_text(named)}") == rid.encode():
-                await self.redis.delete(f"{PREFIX}name:{owner or ''}/{_text(named)}")
+            if ok and named:  # the name freed only if it still routes to this run (one script: atomic)
+                await self._free(keys=[f"{PREFIX}name:{owner or ''}/{_text(named)}"], args=[rid])
         except self._errors as exc:
             raise self._down(exc) from None
         finally:
@@ -424,6 +433,7 @@ class RedisRuns(Runs):
 
     async def _work(self, run: WireRun, version: str, lock: str, incoming: Incoming, relay: Relay | None) -> Answer:
         """The exchange under the run's lease (renewed while it works), then the commit."""
+        run.asked = incoming.model
         renew = asyncio.ensure_future(self._keep(run.id, lock))
         try:
             made = await self._exchange(run, incoming, relay)
@@ -472,10 +482,10 @@ class RedisRuns(Runs):
         self.remember(run, incoming.conv)
         self.runs[run.id] = run
         previous = run.store.get("whole")
-        if previous is not None and self.by_latest.get(previous) is run:
-            del self.by_latest[previous]
+        if previous is not None and self.by_latest.get(keyed(run.owner, previous)) is run:
+            del self.by_latest[keyed(run.owner, previous)]
         run.store["whole"] = incoming.whole
-        self.by_latest[incoming.whole] = run
+        self.by_latest[keyed(run.owner, incoming.whole)] = run
         if run.store.get("named"):
             run.named = run.store["named"]
             self.names[(run.owner, run.store["named"])] = run.id

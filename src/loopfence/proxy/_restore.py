@@ -32,7 +32,7 @@ from .._drivers._rebuild import limits_of, policy_of
 from ..integrations._config import Fence
 from ..integrations._fence import FenceStop, versions
 from ._answer import Answer
-from ._runs import FRAMEWORK, NOTES, Runs, WireRun, precheck, value_of
+from ._runs import FRAMEWORK, NOTES, Runs, WireRun, keyed, precheck, value_of
 
 __all__ = ["restore", "fold", "proxy_run"]
 
@@ -62,6 +62,7 @@ async def restore(runs: Runs) -> int:
         except (ValueError, KeyError, TypeError):  # notes we cannot read: the run is not continued
             continue
         runs.add(run, named)
+        runs.hold_open(run)
         n += 1
     return n
 
@@ -98,7 +99,8 @@ async def _restore_one(runs: Runs, path: Path) -> tuple[WireRun, list[dict[str, 
         os.truncate(path, log.complete_bytes)
     run, last_reply = await fold(log, rid, start.get("owner"), start.get("model"), str(path))
     run.notes = notes_path
-    return run, notes, last_reply, start.get("named")
+    reset = any("reset" in n for n in notes)  # reset: its name was freed, a restart does not give it back
+    return run, notes, last_reply, None if reset else start.get("named")
 
 
 def proxy_run(log: RunLogFile) -> str | None:
@@ -179,6 +181,6 @@ def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: 
     fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
     fut.set_result(made)
     run.latest = (whole, fut)
-    runs.by_latest[whole] = run
+    runs.by_latest[keyed(run.owner, whole)] = run
     if made is not answered.get(whole):
         runs.remember(run, tail)

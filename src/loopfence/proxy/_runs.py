@@ -39,6 +39,7 @@ import json
 import re
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,8 @@ from ._upstream import Relay, Upstream
 from ._view import TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, action_of, call_ids_in, flat, program_of
 from ._wire import BadRequest, Incoming
 
-__all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "FRAMEWORK", "NOTES", "opening", "text_of", "precheck", "value_of"]
+__all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "FRAMEWORK", "NOTES", "keyed", "opening", "text_of", "precheck",
+           "value_of"]
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FRAMEWORK = "loopfence-proxy"
@@ -122,6 +124,12 @@ class WireRun:
                 "stop": None if result is None else {**result.stop.to_json(), "verdict": str(result.stop.verdict)}}
 
 
+def keyed(owner: str | None, digest: str) -> str:
+    """A route's key: the digest under the client key that sent it (one client never lands in
+    another's run by sending the same conversation)."""
+    return f"{owner or ''}/{digest}"
+
+
 def text_of(content: Any) -> str:
     return flat(content)
 
@@ -140,7 +148,11 @@ def opening(messages: list[dict[str, Any]]) -> tuple[str | None, str]:
 
 
 class Runs:
-    """Every run this proxy serves, found by name, by conversation, or by its latest request."""
+    """Every run this proxy serves, found by name, by conversation, or by its latest request.
+    `max_open_logs`: how many waiting runs keep their log file open; the others rest theirs (closed
+    until their next line), so runs a client never ends hold no file descriptors."""
+
+    max_open_logs = 256
 
     def __init__(self, upstream: Upstream, settings: Settings) -> None:
         self.upstream = upstream
@@ -149,6 +161,7 @@ class Runs:
         self.by_conv: dict[str, WireRun] = {}
         self.by_latest: dict[str, WireRun] = {}
         self.names: dict[tuple[str | None, str], str] = {}  # (client key, run name) -> the run serving it now
+        self.open_logs: OrderedDict[str, WireRun] = OrderedDict()  # runs waiting with their log open, oldest first
         self._swept = time.monotonic()
 
     # -- what the app reads -----------------------------------------------------------------------
@@ -173,9 +186,23 @@ class Runs:
             return None
         async with run.lock:
             self.end(run, "ended at POST /loopfence/runs/{id}/reset")
+            run.note(reset=True)  # a restart does not give the name back to it
         if run.named is not None and self.names.get((owner, run.named)) == run.id:
             del self.names[(owner, run.named)]
         return run.describe()
+
+    def hold_open(self, run: WireRun) -> None:
+        """The run waits for its client with its log open; past `max_open_logs` such runs, the one
+        that waited longest rests its log (`RunLog.rest`)."""
+        if run.fenced.finished:
+            self.open_logs.pop(run.id, None)
+            return
+        self.open_logs[run.id] = run
+        self.open_logs.move_to_end(run.id)
+        while len(self.open_logs) > self.max_open_logs:
+            _, old = self.open_logs.popitem(last=False)
+            if not old.lock.locked():  # one at work is counted again when its request ends
+                old.fenced.log.rest()
 
     def end(self, run: WireRun, why: str) -> None:
         """The run ends as its client left it (nothing more came): the last reply (in the log) is the
@@ -188,6 +215,7 @@ class Runs:
         more = f"; no result recorded for {', '.join(unanswered)}" if unanswered else ""
         f.finish(Stop(StopReason.FINAL_ANSWER, f"the client sent no further request ({why}): the last reply "
                       f"stands as the answer{more}", {"unanswered": unanswered}))
+        self.open_logs.pop(run.id, None)
 
     async def aclose(self) -> None:
         """Nothing to let go of here (the store on Redis closes its connections)."""
@@ -239,18 +267,30 @@ class Runs:
         run.asked = incoming.model
         fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         if run.latest is not None:
-            self.by_latest.pop(run.latest[0], None)
+            self.by_latest.pop(keyed(owner, run.latest[0]), None)
         run.latest = (incoming.whole, fut)
-        self.by_latest[incoming.whole] = run
+        self.by_latest[keyed(owner, incoming.whole)] = run
         run.note(asked=incoming.whole, tail=incoming.conv, step=run.fenced.state.ledger.model_requests + 1)
+        again = False
         try:
             async with run.lock:
-                made = await self._exchange(run, incoming, relay)
+                again = run.fenced.finished and run.stopped is None  # it ended (an answer, a reset) meanwhile
+                if not again:
+                    made = await self._exchange(run, incoming, relay)
+            if again:  # what follows an answer is a new run: routed again, never that run's "stop"
+                self.by_latest.pop(keyed(owner, incoming.whole), None)
+                if run.latest is not None and run.latest[1] is fut:
+                    run.latest = None  # not a retry of itself
+                made, fresh = await self.answer(incoming, named=named, user_agent=user_agent, owner=owner,
+                                                relay=relay, on_run=on_run)
+                fut.set_result(made)
+                return made, fresh
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # retrieved: a retry may never come
             raise
         fut.set_result(made)
+        self.hold_open(run)
         self.remember(run, incoming.conv)
         run.note(answered=incoming.whole, answer=made.to_json())
         return made, True
@@ -259,21 +299,30 @@ class Runs:
         """The conversation the run reached: its latest request's view (`conv`: its digests with and
         without the system messages, space-joined), which the next request extends."""
         for d in (run.before or "").split():
-            if self.by_conv.get(d) is run:
-                del self.by_conv[d]
+            if self.by_conv.get(keyed(run.owner, d)) is run:
+                del self.by_conv[keyed(run.owner, d)]
         if run.conv != conv:
             run.before = run.conv  # what the latest request extended: its retry still finds the run
         run.conv = conv
         for d in conv.split():
-            self.by_conv[d] = run
+            self.by_conv[keyed(run.owner, d)] = run
 
     def _route(self, incoming: Incoming, named: str | None, owner: str | None) -> WireRun | None:
         if named is not None:
             return self.runs.get(self.names.get((owner, named), ""))
-        run = self.by_latest.get(incoming.whole)  # a retry of a run's latest request, while it is open
+        run = self.by_latest.get(keyed(owner, incoming.whole))  # a retry of a run's latest request
         if run is not None and not run.fenced.finished:
             return run
-        return next((r for d in incoming.extends if (r := self.by_conv.get(d)) is not None), None)
+        found = next((r for d in incoming.extends if (r := self.by_conv.get(keyed(owner, d))) is not None), None)
+        if found is None and run is not None and run.stopped is not None:  # a stopped run's request, again
+            return run
+        return found
+
+    @staticmethod
+    def continues(run: WireRun, incoming: Incoming) -> bool:
+        """Whether the request extends the run's latest request (always so for a run found by its
+        conversation; under a name, another conversation of the session may come in between)."""
+        return run.conv is None or bool(set(run.conv.split()) & set(incoming.extends))
 
     def _new_id(self, named: str | None) -> str:
         if named is None:
@@ -406,7 +455,9 @@ class Runs:
         made["choices"] = [{"index": 0, "message": {"role": "assistant", "content": reply.content, "tool_calls": [call]},
                             "finish_reason": reply.finish_reason}]
         if reply.usage is not None:
-            made["usage"] = {"prompt_tokens": reply.usage.prompt_tokens, "completion_tokens": reply.usage.completion_tokens}
+            p, c = reply.usage.prompt_tokens, reply.usage.completion_tokens
+            made["usage"] = {"prompt_tokens": p, "completion_tokens": c,
+                             **({"total_tokens": p + c} if p is not None and c is not None else {})}
         made["x_loopfence"] = "text_action: the call the proxy read from the reply's text"
         return Reply.from_response(made)
 
@@ -427,16 +478,23 @@ class Runs:
         given = {m["tool_call_id"]: text_of(m.get("content")) for m in since if m.get("role") == "tool"}
         told = [text_of(m.get("content")) for m in since if m.get("role") == "user"]
         calls = [c.call for c in turn.calls]
-        if told and not given:
-            for text in told:
-                cid = next((i for i in call_ids_in(text) if i not in given and any(c.id == i for c in calls)), None)
-                if cid is None:  # no id named: the first call without a result
-                    cid = next((c.id for c in calls if c.id not in given and c.name not in TEXT_TOOLS
-                                and c.id not in run.held), None)
+        ours = self.continues(run, incoming)
+        if told and not given and ours:
+            waiting = [c.id for c in calls if c.name not in TEXT_TOOLS and c.id not in run.held]
+            unnamed = []
+            for text in told:  # the calls each result names first ("Call id: c0"), then the rest in order
+                cid = next((i for i in call_ids_in(text) if i in waiting and i not in given), None)
                 if cid is not None:
                     given[cid] = text
+                else:
+                    unnamed.append(text)
+            left = [cid for cid in waiting if cid not in given]
+            if len(unnamed) == 1 and len(left) > 1:  # one observation for parallel calls (smolagents)
+                given |= dict.fromkeys(left, unnamed[0])
+            else:
+                given |= dict(zip(left, unnamed))
         for c in calls:
-            if c.name in TEXT_TOOLS and c.id not in run.held and since:
+            if c.name in TEXT_TOOLS and c.id not in run.held and since:  # the next user messages, whichever
                 await f.call(c.id, value_of("\n\n".join(told) if told else "\n\n".join(given.values())))
             elif c.id in given:
                 await f.call(c.id, value_of(given.pop(c.id)))
