@@ -148,6 +148,24 @@ def test_a_text_run_goes_on_after_kill_9_and_a_restart(tmp_path: Path) -> None:
     assert log.stop is not None and log.stop.ledger["tool_executions"] == len(outs)
 
 
+def test_sigterm_ends_the_runs_waiting_on_their_clients_unless_keep_runs(tmp_path: Path) -> None:
+    replies = [bash("Look.", "ls"), bash("Read.", "cat a.py")]
+    for keep in (False, True):
+        logs = tmp_path / str(keep)
+        with ReplyServer(lambda body: text_reply(replies[min(turn_of(body), 1)])) as up, \
+                Proxy("--upstream", up.base_url, "--logs", str(logs), *(["--keep-runs"] if keep else []),
+                      stderr=tmp_path / "err") as proxy:
+            text_loop(proxy.base_url, "Look around.", ["a.py"])
+        log = one_log(logs)  # the proxy is gone (SIGTERM, exit 0)
+        if keep:
+            assert read_log(log).stop is None  # a restart on the same --logs continues it
+        else:
+            stop = read_log(log).stop
+            assert stop is not None and stop.reason == "final_answer" and "shut down" in stop.detail
+            reconciles(log)
+            replays(log)
+
+
 def test_a_reply_with_code_tags_or_several_blocks_is_one_action(tmp_path: Path) -> None:
     replies = ["Thought: compute.\n<code>\nprint(1 + 1)\n</code>",
                "Two steps:\n```bash\ncd src\n```\nthen\n```bash\nmake\n```"]

@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="port (0: any free port; default 8765)")
     p.add_argument("--logs", metavar="DIR", default="runs", help="one run log per run, <run id>.jsonl "
-                   "(default: runs); runs logged there before continue after a restart")
+                   "(default: runs); runs left open there (a crash, --keep-runs) continue after a restart")
     p.add_argument("--limit", metavar="NAME=VALUE", action="append", default=[],
                    help="a limit, e.g. max_steps=30 (repeatable)")
     p.add_argument("--limits", metavar="PROFILE", choices=["default", "coding", "chat"],
@@ -55,6 +55,10 @@ def add_parser(sub: Any) -> None:
                    help="a named run ends at a text answer, and the name's next request starts fresh budgets "
                    "(NAME-2, ...): for chat front-ends that fence each user turn; default: one set of budgets "
                    "for as long as the name lives (POST /loopfence/runs/NAME/reset starts afresh)")
+    p.add_argument("--keep-runs", action="store_true",
+                   help="on SIGTERM, leave the runs waiting on their clients open, for a restart on the same --logs to "
+                   "continue them (default: SIGTERM ends them, as POST /loopfence/runs/ID/reset does, so every log "
+                   "left is finished; a crash leaves them open)")
     p.add_argument("--key", metavar="KEY", action="append", default=[],
                    help="a client key (repeatable): clients then send Authorization: Bearer KEY, and each "
                    "sees only its own runs")
@@ -86,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--session-header must be an HTTP header name, got {bad!r}")
     settings = Settings(limits=limits, kinds=kinds, on_stop=args.on_stop, logs=Path(args.logs),
                         expire_after=args.expire_after, per_turn=args.budget_per_turn,
-                        session_headers=tuple(args.session_header))
+                        session_headers=tuple(args.session_header), keep_runs=args.keep_runs)
     try:
         proxy = Proxy(args.upstream, settings, keys=args.key, state=args.state, lease=args.lease)
     except ValueError as exc:

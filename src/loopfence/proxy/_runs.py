@@ -83,6 +83,7 @@ class Settings:
     expire_after: float | None = 86400.0  # seconds a run may be idle before it ends and is forgotten (None: never)
     per_turn: bool = False  # a named run ends at a text answer: the name's next request starts fresh budgets
     session_headers: tuple[str, ...] = ()  # more headers whose value names the run (`_app.SESSION_HEADERS`)
+    keep_runs: bool = False  # at shutdown, runs waiting on their clients stay open (a restart continues them)
 
 
 @dataclass(eq=False)
@@ -218,7 +219,13 @@ class Runs:
         self.open_logs.pop(run.id, None)
 
     async def aclose(self) -> None:
-        """Nothing to let go of here (the store on Redis closes its connections)."""
+        """The proxy shuts down (SIGTERM): every run waiting on its client ends as reset ends it, so
+        every log left is finished; with `keep_runs`, they stay open for a restart to continue (a
+        crash leaves them open too). On Redis the runs are the store's: nothing ends there."""
+        if not self.settings.keep_runs:
+            for run in list(self.runs.values()):
+                if not run.lock.locked():
+                    self.end(run, "the proxy shut down")
 
     def expire(self) -> None:
         """Forget the runs idle for `settings.expire_after` seconds (checked at most every tenth of it):
