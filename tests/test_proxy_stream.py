@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loopfence.runlog import read_log
@@ -209,6 +209,7 @@ _CALL = st.one_of(st.builds(lambda n: ("record", json.dumps({"note": n})), _NOTE
 
 
 @settings(max_examples=40)
+@example(text="0\x85 \u2028 \u2029", calls=[], cuts=[], cut=None, reset=False)  # line breaks splitlines() sees
 @given(text=st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_categories=("Cs",)), min_size=1,
                     max_size=20).filter(str.strip), calls=st.lists(_CALL, max_size=3, unique=True),
        cuts=st.lists(st.integers(0, 200), max_size=6), cut=st.none() | st.integers(1, 60), reset=st.booleans())

@@ -33,8 +33,15 @@ def stop_text(stop: Stop) -> str:
     return f"{STOP_MARKER} loopfence stopped this run: {stop.reason}{numbers}. {stop.detail}"
 
 
+_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n\n"
+    """One SSE event. The line breaks JSON leaves raw (U+0085, U+2028, U+2029; only ever inside its
+    strings) go escaped: a client that splits the stream as `str.splitlines` does (httpx's
+    `iter_lines`) would cut the event in two."""
+    text = json.dumps(obj, ensure_ascii=False).translate(_BREAKS)
+    return b"data: " + text.encode("utf-8", "surrogatepass") + b"\n\n"
 
 
 @dataclass(frozen=True)
