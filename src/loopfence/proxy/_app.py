@@ -22,7 +22,6 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -35,7 +34,7 @@ from starlette.routing import Route
 
 from .._json import loads
 from ._answer import RUN_HEADER, Answer, sse
-from ._runs import Runs
+from ._runs import RUN_ID, Runs
 from ._wire import BadRequest, Incoming, parse
 
 __all__ = ["create_app", "MAX_BODY", "SESSION_HEADERS", "run_name"]
@@ -44,7 +43,6 @@ MAX_BODY = 16 << 20  # bytes of one request body, at most
 # The session ids real agents send, taken as run names (docs/proxy.md, "Run names"): opencode's,
 # LiteLLM's (OpenHands, LiteLLM clients), Claude Code's, Codex's.
 SESSION_HEADERS = ("x-session-id", "x-litellm-session-id", "x-claude-code-session-id", "session-id")
-_NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def run_name(headers: Any, session_headers: Iterable[str] = SESSION_HEADERS) -> str | None:
@@ -56,7 +54,7 @@ def run_name(headers: Any, session_headers: Iterable[str] = SESSION_HEADERS) -> 
     for h in session_headers:
         sid = headers.get(h)
         if sid:
-            return sid if _NAME_OK.fullmatch(sid) else f"s-{hashlib.sha256(sid.encode()).hexdigest()[:24]}"
+            return sid if RUN_ID.fullmatch(sid) else f"s-{hashlib.sha256(sid.encode()).hexdigest()[:24]}"
     return None
 
 

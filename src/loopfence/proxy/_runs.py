@@ -61,7 +61,7 @@ from ._upstream import Relay, Upstream
 from ._view import TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, action_of, call_ids_in, flat, program_of
 from ._wire import BadRequest, Incoming
 
-__all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "FRAMEWORK", "NOTES", "keyed", "opening", "text_of", "precheck",
+__all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "FRAMEWORK", "NOTES", "keyed", "opening", "precheck",
            "value_of"]
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -131,20 +131,16 @@ def keyed(owner: str | None, digest: str) -> str:
     return f"{owner or ''}/{digest}"
 
 
-def text_of(content: Any) -> str:
-    return flat(content)
-
-
 def opening(messages: list[dict[str, Any]]) -> tuple[str | None, str]:
     """(system, task) for a run's header: the leading system messages' text, then the user messages'
     text, or (a conversation already under way) the rest of the messages as canonical JSON."""
     n = 0
     while n < len(messages) and messages[n].get("role") in ("system", "developer"):
         n += 1
-    system = "\n\n".join(text_of(m.get("content")) for m in messages[:n]) or None
+    system = "\n\n".join(flat(m.get("content")) for m in messages[:n]) or None
     rest = messages[n:]
     if all(m.get("role") == "user" for m in rest):
-        return system, "\n\n".join(text_of(m.get("content")) for m in rest)
+        return system, "\n\n".join(flat(m.get("content")) for m in rest)
     return system, canonical_json(rest)
 
 
@@ -482,8 +478,8 @@ class Runs:
         if turn is None:
             return
         since = incoming.since(incoming.last_assistant())
-        given = {m["tool_call_id"]: text_of(m.get("content")) for m in since if m.get("role") == "tool"}
-        told = [text_of(m.get("content")) for m in since if m.get("role") == "user"]
+        given = {m["tool_call_id"]: flat(m.get("content")) for m in since if m.get("role") == "tool"}
+        told = [flat(m.get("content")) for m in since if m.get("role") == "user"]
         calls = [c.call for c in turn.calls]
         ours = self.continues(run, incoming)
         if told and not given and ours:
