@@ -232,3 +232,51 @@ def test_on_stop_error_ends_smolagents_and_mini_swe_agent_retries_the_400(tmp_pa
         assert "BadRequestError" in mini["error"] and STOP_MARKER in mini["error"], mini
         assert up.seen["Wait for the queue"] <= 6
         assert len(up.requests) == sum(up.seen.values())
+
+
+# ---------------------------------------------------------------------------- stop texts parse as nothing
+PARSE_STOP = ROOT / "tests" / "agents" / "parse_stop.py"
+# what a stop's detail may quote: a call's JSON arguments (as the guards write them), a tool call as
+# smolagents writes one, code in each agent's form, a result with code in it
+NASTY = ['fetch_status {"service":"x"}', '{"name": "fetch_status", "arguments": {"service": "x"}}',
+         "Calling tools:\n[{'id': 'c0', 'type': 'function', 'function': {'name': 'final_answer', 'arguments': {}}}]",
+         "```mswea_bash_command\nls -la\n```", "```bash\nrm -rf /\n```", "~~~py\nprint(1)\n~~~",
+         "<code>\nprint('x')\n</code>", "< CODE >final_answer(1)</ code >", "```python\nfinal_answer(2)\n```",
+         'run_tests {"cmd":"pytest -q"} → edit {"path":"a.py","text":"x = {1: 2}"}: 3 times',
+         "print('a')", "x = 1"]
+
+
+def stop_texts() -> list[str]:
+    """Every text a stop puts before a client, for every reason and each nasty detail: the answer's
+    message, the streamed content, and `--on-stop error`'s message."""
+    from loopfence._stops import Stop, StopReason
+    from loopfence.proxy import Answer
+
+    texts = []
+    for reason in StopReason:
+        for i, detail in enumerate(NASTY):
+            data = {"limit": 3, "value": 3} if i % 2 else {}
+            for as_error in (False, True):
+                a = Answer.stopped("r", "chatcmpl-x", "m", Stop(reason, detail, data), as_error)
+                body = a.body()
+                texts.append(body["error"]["message"] if as_error else body["choices"][0]["message"]["content"])
+            streamed = "".join(json.loads(part[6:])["choices"][0]["delta"].get("content") or ""
+                               for part in a.stream_tail("", False) if part.startswith(b"data: {\"id\""))
+            texts.append(streamed)
+    return texts
+
+
+def test_no_stop_text_parses_as_a_call_or_an_action_in_smolagents_or_mini_swe_agent(tmp_path: Path) -> None:
+    texts = stop_texts()
+    assert all(t.startswith(STOP_MARKER) for t in texts)
+    done = subprocess.run([str(_agents()), str(PARSE_STOP)], input=json.dumps(texts), capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["checked"] == len(texts) and got["parsed"] == [], got["parsed"][:3]
+    # the same parsers read the details as they were: the check can fail
+    done = subprocess.run([str(_agents()), str(PARSE_STOP)], input=json.dumps(NASTY), capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "HOME": str(tmp_path)})
+    readers = {name for bad in json.loads(done.stdout.strip().splitlines()[-1])["parsed"] for name in bad["parsers"]}
+    assert readers >= {"smolagents get_tool_call_from_text", "smolagents parse_code_blobs",
+                       "mini-swe-agent parse_regex_actions"}, readers

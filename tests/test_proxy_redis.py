@@ -71,6 +71,8 @@ class Upstream(ScriptServer):
             with self._lock:
                 self.requests.append(body)
                 self.by_tag[tag] = k = self.by_tag.get(tag, 0) + 1
+            if tag.startswith("race:copies"):  # held, so that the copies are in flight at once
+                time.sleep(0.5)
             if tag.startswith("race:text-"):  # answered in text
                 return text_reply(f"answer {k}")
             return calls_reply(tool_call("read_file", {"path": f"p{k}"}, id=f"call_{k}"))
@@ -274,6 +276,8 @@ def test_reset_on_one_replica_ends_the_run_and_frees_its_name_for_all(replicas: 
 
 
 def test_ten_copies_of_one_request_reach_the_upstream_once_and_all_get_its_answer(replicas: Replicas) -> None:
+    """Ten copies in flight at once (the upstream holds the reply 0.5 s): one reaches it. (A copy that
+    came after the answer was delivered would be a new sample: the test after this one.)"""
     url = replicas.url()
     for trial in range(TRIALS):
         tag = f"race:copies-{trial}"
@@ -283,6 +287,24 @@ def test_ten_copies_of_one_request_reach_the_upstream_once_and_all_get_its_answe
         assert replicas.upstream.by_tag[tag] == 1, (trial, replicas.upstream.by_tag[tag])
         assert len({r.content for r in got}) == 1  # one answer, id and all
         assert len({r.headers["x-loopfence-run"] for r in got}) == 1
+
+
+def test_the_same_request_again_after_its_answer_was_delivered_reaches_the_upstream(replicas: Replicas) -> None:
+    """One after another, on any replica, each copy is a new sample (the answer before was delivered);
+    under one session id, a title request with no tools does not make the agent's call unknown."""
+    url = replicas.url()
+    body = {"model": "m", "tools": TOOLS, "messages": [{"role": "user", "content": "race:again the same"}]}
+    got = [post(url, body, Ended()) for _ in range(3)]
+    assert {r.status_code for r in got} == {200} and replicas.upstream.by_tag["race:again"] == 3
+    sid = {"x-session-id": "ses_redis"}
+    title = post(url, {"model": "m", "messages": [{"role": "system", "content": "You are a title generator."},
+                                                  {"role": "user", "content": "race:text-title fix it"}]}, Ended(),
+                 headers=sid)
+    main = post(url, {"model": "m", "tools": TOOLS, "messages": [{"role": "user", "content": "race:main fix it"}]},
+                Ended(), headers=sid)
+    assert title.status_code == main.status_code == 200 and "x-loopfence-stop" not in main.headers, main.text
+    assert main.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read_file"
+    assert {title.headers["x-loopfence-run"], main.headers["x-loopfence-run"]} == {"ses_redis", "ses_redis-2"}
 
 
 def test_redis_killed_and_restarted_mid_load_lets_no_run_past_a_budget(replicas: Replicas) -> None:

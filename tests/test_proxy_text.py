@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from loopfence.cli import cli
@@ -166,6 +168,99 @@ def test_sigterm_ends_the_runs_waiting_on_their_clients_unless_keep_runs(tmp_pat
             replays(log)
 
 
+def test_the_same_task_twice_with_no_reset_reaches_the_upstream_every_time(tmp_path: Path) -> None:
+    """A second episode of one task (no reset between) repeats the first request for request: each
+    is a new one once the answer before was delivered, never answered from the first episode; a
+    one-shot prompt sampled three times reaches the upstream three times (pass@k)."""
+    replies = [bash("Look.", "ls"), bash("Read.", "cat a.py"), "Fixed."]
+    with ReplyServer(lambda body: text_reply(replies[min(turn_of(body), len(replies) - 1)])) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        first = text_loop(proxy.base_url, "Fix a.py.", ["a.py", "x = 1"])
+        second = text_loop(proxy.base_url, "Fix a.py.", ["a.py", "x = 1"])
+        assert len(first) == len(second) == 3 and len(up.requests) == 6
+        assert [r.json()["choices"][0]["message"]["content"] for r in second] == replies
+        assert first[0].headers["x-loopfence-run"] != second[0].headers["x-loopfence-run"]
+        assert len({r.headers["x-loopfence-run"] for r in second}) == 1  # the second episode is one run
+        samples = [post(proxy.base_url, [{"role": "user", "content": "Name a colour."}]) for _ in range(3)]
+        assert len(up.requests) == 9 and all(r.status_code == 200 for r in samples)
+        reset_all(proxy.base_url)
+    for episode in (first, second):  # both ran their two actions: both logs count them executed
+        log = read_log(tmp_path / f"{episode[0].headers['x-loopfence-run']}.jsonl")
+        assert log.stop is not None and log.stop.ledger["tool_executions"] == 2
+        assert [r.tool_call_id for r in log.of("result") if r.error == "not_executed"] == ["text-3"]  # "Fixed."
+
+
+REMINDER = "Reminder: reply with one edit block."
+
+
+def rebuilt(task: str, turns: list[tuple[str, str]], files: str) -> list[dict[str, Any]]:
+    """A request as aider builds one: the system prompt and its examples, the finished turns (the task,
+    each answer, aider's own "Ok."), the file block (its content changes as files change), the
+    current message with the reminder appended: no request is a prefix of the next."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": "Change foo to bar."},
+        {"role": "assistant", "content": "foo.py\n<<<<<<< SEARCH\nfoo\n=======\nbar\n>>>>>>> REPLACE"},
+        {"role": "user", "content": "I switched to a new code base."}, {"role": "assistant", "content": "Ok."}]
+    asked = task
+    for answer, output in turns:
+        messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answer},
+                     {"role": "user", "content": "I committed the changes."}, {"role": "assistant", "content": "Ok."}]
+        asked = output
+    messages += [{"role": "user", "content": f"I have added these files: {files}"},
+                 {"role": "assistant", "content": "Ok."}, {"role": "user", "content": f"{asked}\n\n{REMINDER}"}]
+    return messages
+
+
+def test_an_agent_that_rebuilds_its_history_is_one_run_by_its_task_and_last_answer(tmp_path: Path) -> None:
+    """No request extends the one before it; each brings back its task and the last answer the proxy
+    gave: one run, so the same failing edit after the same output stops at the repetition rule. Two
+    tasks interleaved, under one system prompt and with the very same answers, are never glued."""
+    same_edit = bash("Fix it.", "sed -i 's/a/b/' x.py")
+    with ReplyServer(lambda body: text_reply(same_edit)) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        turns: dict[str, list[tuple[str, str]]] = {"Fix x.py.": [], "Fix y.py.": []}
+        got: dict[str, list[httpx.Response]] = {task: [] for task in turns}
+        for i in range(8):
+            for task, done in turns.items():
+                if got[task] and "x-loopfence-stop" in got[task][-1].headers:
+                    continue
+                r = post(proxy.base_url, rebuilt(task, done, f"x.py v{i}"))
+                got[task].append(r)
+                if "x-loopfence-stop" not in r.headers:
+                    done.append((r.json()["choices"][0]["message"]["content"], "1 failed"))
+        lost = post(proxy.base_url, rebuilt("Fix z.py.", [(same_edit, "1 failed")], "z.py"))
+        lost_again = post(proxy.base_url, rebuilt("Fix w.py.", [(same_edit, "2 failed")], "w.py"))
+    for task, seen in got.items():
+        assert seen[-1].headers.get("x-loopfence-stop") == "repeated_call", (task, seen[-1].text)
+        assert len(seen) <= 4 and len({r.headers["x-loopfence-run"] for r in seen}) == 1, task
+    assert got["Fix x.py."][0].headers["x-loopfence-run"] != got["Fix y.py."][0].headers["x-loopfence-run"]
+    assert len(up.requests) == sum(len(v) for v in got.values()) + 2  # the third same edit is the reply refused
+    # a request that carries answers of no run it can be placed in: said once on stderr, and in its header
+    err = (tmp_path / "err").read_text()
+    assert err.count("continues no run this proxy knows") == 1, err
+    for r in (lost, lost_again):
+        assert "x-loopfence-stop" not in r.headers
+        header = read_log(tmp_path / f"{r.headers['x-loopfence-run']}.jsonl").header.record["proxy"]
+        assert "/run/NAME/v1" in header["unplaced"]
+
+
+def test_a_base_url_names_the_run(tmp_path: Path) -> None:
+    with ReplyServer(lambda body: text_reply(bash("Look.", "ls"))) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limit", "max_steps=2",
+                  stderr=tmp_path / "err") as proxy:
+        root = proxy.base_url.removesuffix("/v1")
+        named = f"{root}/run/task-7/v1"
+        seen = [post(named, [{"role": "user", "content": f"unrelated {i}"}]) for i in range(3)]
+        assert [r.headers["x-loopfence-run"] for r in seen] == ["task-7"] * 3
+        assert seen[-1].headers.get("x-loopfence-stop") == "max_steps" and len(up.requests) == 2
+        bad = post(f"{root}/run/no%20spaces/v1", [{"role": "user", "content": "x"}])
+        twice = post(named, [{"role": "user", "content": "x"}], {"X-Loopfence-Run": "other"})
+        models, plain = (httpx.get(f"{url}/models", timeout=10) for url in (named, proxy.base_url))
+    assert bad.status_code == 400 and "/run/NAME/v1" in bad.json()["error"]["message"]
+    assert twice.status_code == 400 and "named twice" in twice.json()["error"]["message"]
+    assert (models.status_code, models.json()) == (plain.status_code, plain.json())  # the same route, named
+
+
 def test_a_reply_with_code_tags_or_several_blocks_is_one_action(tmp_path: Path) -> None:
     replies = ["Thought: compute.\n<code>\nprint(1 + 1)\n</code>",
                "Two steps:\n```bash\ncd src\n```\nthen\n```bash\nmake\n```"]
@@ -286,7 +381,10 @@ def test_reset_ends_a_stopped_named_run_and_the_name_starts_afresh(tmp_path: Pat
         reconciles(tmp_path / "job.jsonl")
 
 
-def test_session_headers_name_runs_per_client_key(tmp_path: Path) -> None:
+def test_session_headers_scope_conversations_per_client_key(tmp_path: Path) -> None:
+    """A session header names a scope, not one run: each conversation of the session is a run of its
+    own (`SESSION`, `SESSION-2`), a conversation continues only within its session, and the same
+    session from another key is another's."""
     with ReplyServer(lambda body: text_reply("ok")) as up, \
             Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--session-header", "X-My-Session",
                   "--key", "k1", "--key", "k2", stderr=tmp_path / "err") as proxy:
@@ -295,21 +393,80 @@ def test_session_headers_name_runs_per_client_key(tmp_path: Path) -> None:
         for header, value in (("x-session-id", "ses_abc"), ("x-litellm-session-id", "lite-1"),
                               ("x-claude-code-session-id", "0b9f1d2e-4c55-4a8e-9f00-5d1c2b3a4e5f"),
                               ("session-id", "codex-1"), ("X-My-Session", "mine")):
-            a = post(proxy.base_url, [{"role": "user", "content": f"{header} one"}], {**k1, header: value})
+            one = [{"role": "user", "content": f"{header} one"}]
+            a = post(proxy.base_url, one, {**k1, header: value})
             b = post(proxy.base_url, [{"role": "user", "content": f"{header} two"}], {**k1, header: value})
-            c = post(proxy.base_url, [{"role": "user", "content": f"{header} three"}], {**k2, header: value})
-            seen[header] = (a.headers["x-loopfence-run"], b.headers["x-loopfence-run"], c.headers["x-loopfence-run"])
+            more = [*one, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"}]
+            a2 = post(proxy.base_url, more, {**k1, header: value})
+            elsewhere = post(proxy.base_url, more, {**k1, header: value + "x"})
+            c = post(proxy.base_url, one, {**k2, header: value})
+            seen[header] = [r.headers["x-loopfence-run"] for r in (a, b, a2, elsewhere, c)]
         odd = post(proxy.base_url, [{"role": "user", "content": "odd"}], {**k1, "x-session-id": "has spaces/and:colons"})
-    for header, (a, b, c) in seen.items():
-        assert a == b != c, (header, a, b, c)  # one run per session for one key; another key gets its own
+    for header, (a, b, a2, elsewhere, c) in seen.items():
+        assert a == a2 and len({a, b, elsewhere, c}) == 4, (header, a, b, a2, elsewhere, c)
+        assert b.startswith(a + "-"), (a, b)  # the session's second conversation
     assert seen["x-session-id"][0] == "ses_abc" and seen["X-My-Session"][0] == "mine"
     assert odd.status_code == 200 and odd.headers["x-loopfence-run"].startswith("s-")
-    assert len(up.requests) == 16
+    assert len(up.requests) == 26
+    header = read_log(tmp_path / "ses_abc-2.jsonl").header.record["proxy"]
+    assert header["session"] == "ses_abc"
+
+
+READ = {"type": "function", "function": {"name": "read", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+GREP = {"type": "function", "function": {"name": "grep", "parameters": {
+    "type": "object", "properties": {"pattern": {"type": "string"}}, "required": ["pattern"]}}}
+
+
+def test_a_session_opened_by_a_toolless_title_request_releases_the_agents_first_call(tmp_path: Path) -> None:
+    """opencode: the title generator (no tools) opens the session; the agent's request with tools
+    [read] is judged against its own tools, so its first call is released, not `unknown_tool`."""
+    def reply(body: dict[str, Any]) -> dict[str, Any]:
+        if not body.get("tools"):
+            return text_reply("Reading the config")
+        return calls_reply(tool_call("read", {"path": "a.py"}))
+    with ReplyServer(reply) as up, Proxy("--upstream", up.base_url, "--logs", str(tmp_path),
+                                         stderr=tmp_path / "err") as proxy:
+        sid = {"x-session-id": "ses_title"}
+        title = post(proxy.base_url, [{"role": "system", "content": "You are a title generator."},
+                                      {"role": "user", "content": "fix the config"}], sid)
+        first = post(proxy.base_url, [{"role": "system", "content": "You are opencode."},
+                                      {"role": "user", "content": "fix the config"}], sid, tools=[READ])
+    assert title.status_code == first.status_code == 200
+    assert "x-loopfence-stop" not in first.headers, first.text
+    calls = first.json()["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["read"]
+    assert title.headers["x-loopfence-run"] != first.headers["x-loopfence-run"]
+
+
+def test_a_sessions_conversations_share_its_budgets(tmp_path: Path) -> None:
+    """A conversation opened in a session starts with the session's budgets less what its other
+    conversations spent (`Limits.left_after`): its header records what it was given."""
+    with ReplyServer(lambda body: text_reply("a title")) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limit", "max_steps=5",
+                  stderr=tmp_path / "err") as proxy:
+        sid = {"x-session-id": "ses_budget"}
+        runs = [post(proxy.base_url, [{"role": "user", "content": f"side {i}"}], sid).headers["x-loopfence-run"]
+                for i in range(3)]
+    steps = [read_log(tmp_path / f"{rid}.jsonl").header.limits["max_steps"] for rid in runs]
+    assert steps == [5, 4, 3]
 
 
 # ---------------------------------------------------------------------------- the stop answer
 def _sse(text: str) -> list[dict[str, Any]]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("{}`~<>/ codeCODE\n\"':xy[]")), max_size=60) | st.text(max_size=60))
+def test_inert_text_holds_no_json_object_fence_or_code_tag_and_keeps_the_rest(text: str) -> None:
+    from loopfence.proxy._answer import inert
+    out = inert(text)
+    assert not set(out) & set("{}`") and "~~~" not in out
+    assert "<code" not in out.lower().replace(" ", "") and "</code" not in out.lower().replace(" ", "")
+    if not set(text) & set("{}`~<"):
+        assert out == text  # nothing else is touched
+    assert inert(out) == out
 
 
 def test_every_stop_answer_is_a_complete_chat_completion_streamed_and_not(tmp_path: Path) -> None:

@@ -49,8 +49,9 @@ def add_parser(sub: Any) -> None:
                    help="with --state: how long a replica killed mid-request holds its run before another "
                    "replica may take it over (renewed while a request is at work; default 30)")
     p.add_argument("--session-header", metavar="NAME", action="append", default=[],
-                   help="a request header whose value names the run, as X-Loopfence-Run does (repeatable; "
-                   "built in: x-session-id, x-litellm-session-id, x-claude-code-session-id, session-id)")
+                   help="a request header whose value names a session: its conversations are runs that share "
+                   "its budgets (repeatable; built in: x-session-id, x-litellm-session-id, "
+                   "x-claude-code-session-id, session-id)")
     p.add_argument("--budget-per-turn", action="store_true",
                    help="a named run ends at a text answer, and the name's next request starts fresh budgets "
                    "(NAME-2, ...): for chat front-ends that fence each user turn; default: one set of budgets "

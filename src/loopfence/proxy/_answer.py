@@ -9,13 +9,14 @@ run the same stop.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from .._stops import Stop, StopReason
 
-__all__ = ["Answer", "stop_text", "RUN_HEADER", "STOP_HEADER", "STOP_MARKER", "ZERO_USAGE", "sse"]
+__all__ = ["Answer", "stop_text", "inert", "RUN_HEADER", "STOP_HEADER", "STOP_MARKER", "ZERO_USAGE", "sse"]
 
 RUN_HEADER = "X-Loopfence-Run"
 STOP_HEADER = "X-Loopfence-Stop"
@@ -27,10 +28,22 @@ ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 def stop_text(stop: Stop) -> str:
     """The stop in words, for the assistant message that ends the client's loop: the marker, reason,
-    limit and value, detail."""
+    limit and value, detail; `inert`, so that no agent reads it as a call or an action."""
     limit, value = stop.data.get("limit"), stop.data.get("value")
     numbers = f" (limit {limit}, value {value})" if limit is not None else ""
-    return f"{STOP_MARKER} loopfence stopped this run: {stop.reason}{numbers}. {stop.detail}"
+    return inert(f"{STOP_MARKER} loopfence stopped this run: {stop.reason}{numbers}. {stop.detail}")
+
+
+_CODE_TAG = re.compile(r"<(\s*/?\s*code)", re.IGNORECASE)
+_TILDES = re.compile(r"~{3,}")
+_INERT = str.maketrans({"{": "(", "}": ")", "`": "'"})
+
+
+def inert(text: str) -> str:
+    """`text` with nothing an agent parses as a call or an action: no JSON object (braces become
+    parentheses: smolagents reads the first `{...}` as a tool call), no code fence (backticks become
+    quotes, runs of tildes shorten), no `<code>` tag (its `<` becomes `‹`)."""
+    return _CODE_TAG.sub(r"‹\1", _TILDES.sub("~~", text.translate(_INERT)))
 
 
 _BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})

@@ -2,13 +2,15 @@
 
     POST /v1/chat/completions   streamed or not; every answer carries X-Loopfence-Run
     GET  /v1/models             passed through from the upstream
+    /run/NAME/v1/...            the same, under the run name NAME (a base URL names the run)
     GET  /loopfence/runs        this client's runs: ledger and stop
     GET  /loopfence/runs/{id}   one of them, by id or by this client's run name
     POST /loopfence/runs/{id}/reset   end it (its log gets its stop line) and free its name
     anything else               404 as JSON in the shape of the wire its path belongs to
 
-The run name is the `X-Loopfence-Run` header, else the first session header an agent sends
-(`SESSION_HEADERS`, then `Settings.session_headers`), each scoped to the client's key.
+The run name is the `X-Loopfence-Run` header; else the first session header an agent sends
+(`SESSION_HEADERS`, then `Settings.session_headers`) names a session, whose conversations are runs of
+their own (`Runs.answer`); each scoped to the client's key.
 
 Client keys (`keys`): when any are set, every route wants `Authorization: Bearer <one of them>`, and
 a client sees only the runs opened with its own key. The body is read within `max_body` bytes.
@@ -28,6 +30,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -45,17 +48,19 @@ MAX_BODY = 16 << 20  # bytes of one request body, at most
 SESSION_HEADERS = ("x-session-id", "x-litellm-session-id", "x-claude-code-session-id", "session-id")
 
 
-def run_name(headers: Any, session_headers: Iterable[str] = SESSION_HEADERS) -> str | None:
-    """The run name a request gives: its `X-Loopfence-Run` header (as sent: a bad one is refused by
-    name), else its first session header (one that is not a run id is named by its digest)."""
+def run_name(headers: Any, session_headers: Iterable[str] = SESSION_HEADERS) -> tuple[str | None, str | None]:
+    """(the run name, the session) a request gives: its `X-Loopfence-Run` header (as sent: a bad one
+    is refused by name) names one run; else its first session header names a session, a scope of
+    conversations (one that is not a run id goes by its digest)."""
     named = headers.get(RUN_HEADER)
     if named is not None:
-        return str(named)
+        return str(named), None
     for h in session_headers:
         sid = headers.get(h)
         if sid:
-            return sid if RUN_ID.fullmatch(sid) else f"s-{hashlib.sha256(sid.encode()).hexdigest()[:24]}"
-    return None
+            return None, sid if RUN_ID.fullmatch(sid[:120]) and len(sid) <= 120 else \
+                f"s-{hashlib.sha256(sid.encode()).hexdigest()[:24]}"
+    return None, None
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -103,22 +108,38 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
         except BadRequest as exc:
             return JSONResponse(exc.body(), exc.status)
-        named = run_name(request.headers, sessions)
+        named, session = run_name(request.headers, sessions)
+        in_path = request.path_params.get("name")
+        if in_path is not None:  # the name in the base URL (`/run/NAME/v1`): a run name, as the header
+            if not RUN_ID.fullmatch(in_path):
+                return _error(400, "the run name in the base URL (/run/NAME/v1) must be 1-128 characters of "
+                              "A-Z a-z 0-9 . _ - (starting with a letter or digit)", param="path")
+            if named is not None and named != in_path:
+                return _error(400, f"the run is named twice: {in_path!r} in the path and {named[:128]!r} in "
+                              "X-Loopfence-Run; send one", param=RUN_HEADER)
+            named, session = in_path, None
         ua = request.headers.get("user-agent", "")
         if incoming.stream:
-            return await _streamed(incoming, named, ua, who)
-        task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who))
+            return await _streamed(request, incoming, named, ua, who, session)
+        task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, session=session))
         try:
             answer, _ = await asyncio.shield(task)
         except BadRequest as exc:
             return JSONResponse(exc.body(), exc.status)
-        return JSONResponse(answer.body(), answer.status, headers=answer.headers())
+        return JSONResponse(answer.body(), answer.status, headers=answer.headers(),
+                            background=_delivered(answer, incoming))
 
-    async def _streamed(incoming: Incoming, named: str | None, ua: str, who: str | None) -> Response:
+    def _delivered(answer: Answer, incoming: Incoming) -> BackgroundTask:
+        """Run once the response is sent whole (`Runs.delivered`). A client that went away before is
+        not seen here (uvicorn drops what is sent to it): its retry within RETRY_S still shares."""
+        return BackgroundTask(runs.delivered, answer.run_id, incoming.whole)
+
+    async def _streamed(request: Request, incoming: Incoming, named: str | None, ua: str,
+                        who: str | None, session: str | None) -> Response:
         queue: asyncio.Queue[str | None] = asyncio.Queue()
         rid: list[str] = []
         task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, relay=queue.put_nowait,
-                                  on_run=rid.append))
+                                  on_run=rid.append, session=session))
         task.add_done_callback(lambda _: queue.put_nowait(None))
         first = await queue.get()
         if first is None:  # nothing streamed: the whole answer is known, headers included
@@ -129,12 +150,19 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             if answer.status != 200:
                 return JSONResponse(answer.body(), answer.status, headers=answer.headers())
             return StreamingResponse(_iterate(answer.stream_tail("", incoming.include_usage)),
-                                     media_type="text/event-stream", headers=answer.headers())
+                                     media_type="text/event-stream", headers=answer.headers(),
+                                     background=_delivered(answer, incoming))
         head = Answer("", f"chatcmpl-lf-{uuid.uuid4().hex[:24]}", incoming.model or "", {}, "stop",
                       created=int(time.time()))
         return StreamingResponse(_relayed(first, queue, task, head, incoming.include_usage),
                                  media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", RUN_HEADER: rid[-1] if rid else ""})
+                                 headers={"Cache-Control": "no-cache", RUN_HEADER: rid[-1] if rid else ""},
+                                 background=BackgroundTask(_relay_delivered, task, incoming))
+
+    async def _relay_delivered(task: asyncio.Task[Any], incoming: Incoming) -> None:
+        if task.done() and not task.cancelled() and task.exception() is None:
+            await runs.delivered(task.result()[0].run_id, incoming.whole)
+
 
     def _spawn(coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -184,6 +212,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     return Starlette(routes=[
         Route("/v1/chat/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/run/{name}/v1/chat/completions", completions, methods=["POST"]),
+        Route("/run/{name}/v1/models", models, methods=["GET"]),
         Route("/loopfence/runs", list_runs, methods=["GET"]),
         Route("/loopfence/runs/{run_id}", run_route(runs.one), methods=["GET"]),
         Route("/loopfence/runs/{run_id}/reset", run_route(runs.reset), methods=["POST"]),
@@ -191,8 +221,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     ])
 
 
-SERVED = ("POST /v1/chat/completions, GET /v1/models, GET /loopfence/runs, GET /loopfence/runs/{id}, "
-          "POST /loopfence/runs/{id}/reset")
+SERVED = ("POST /v1/chat/completions, GET /v1/models (each also under /run/NAME/v1, naming the run), "
+          "GET /loopfence/runs, GET /loopfence/runs/{id}, POST /loopfence/runs/{id}/reset")
 
 
 def _unknown_route(method: str, path: str) -> JSONResponse:

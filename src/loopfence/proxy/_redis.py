@@ -13,9 +13,10 @@ request that a run's latest request had, `_view.digests`).
 One request is two round trips, each one Lua script (atomic: Redis runs one at a time):
 
     claim   route the request (name, conversation, or the same first request), and then either give
-            the answer it already has (a retry; a stopped run's stop), say "wait" (another replica is
-            at work on the run), or take the run's lease (`lf:lock:<id>`, expiring) and return its
-            version, and its log unless this replica holds that version already
+            the answer it already has (a retry: a copy that found its twin in flight and waited, or one
+            within RETRY_S of an answer no client has marked `delivered`; a stopped run's stop), say
+            "wait" (another replica is at work on the run), or take the run's lease (`lf:lock:<id>`,
+            expiring) and return its version, and its log unless this replica holds that version already
     commit  while the lease is still ours and the version unchanged: append the request's log lines,
             store its answer, move the routes, refresh every key's expiry, let the lease go
 
@@ -56,7 +57,7 @@ from .._log._reader import parse_log
 from .._log._writer import RunLog, line
 from ._answer import Answer
 from ._restore import fold
-from ._runs import RUN_ID, Runs, Settings, WireRun, keyed
+from ._runs import RETRY_S, RUN_ID, Runs, Settings, WireRun, keyed
 from ._upstream import Relay, Upstream
 from ._wire import BadRequest, Incoming
 
@@ -68,6 +69,8 @@ POOL = 64  # connections to Redis per replica; a request holds one only for the 
 
 _CLAIM = """
 local P, A = KEYS[1], ARGV
+local T = redis.call('TIME')
+local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 local epoch = redis.call('GET', P .. 'epoch')
 if not epoch then
   redis.call('SET', P .. 'epoch', A[13])
@@ -79,8 +82,9 @@ local rid
 if A[2] ~= '' then rid = redis.call('GET', P .. 'name:' .. A[6] .. '/' .. A[2])
 else
   local again = redis.call('GET', P .. 'latest:' .. A[6] .. '/' .. A[4])
-  local g = again and redis.call('HMGET', P .. 'run:' .. again, 'finished', 'stopped') or {}
-  if again and g[1] ~= '1' then rid = again end
+  local g = again and redis.call('HMGET', P .. 'run:' .. again, 'finished', 'stopped', 'latest', 'at', 'delivered') or {}
+  local old = A[17] ~= '1' and g[3] == A[4] and g[4] and (g[5] == A[4] or NOW - tonumber(g[4]) >= tonumber(A[16]))
+  if again and g[1] ~= '1' and not old then rid = again end
   if not rid then
     for d in string.gmatch(A[3], '%S+') do
       rid = redis.call('GET', P .. 'conv:' .. A[6] .. '/' .. d)
@@ -91,9 +95,12 @@ else
 end
 if rid and redis.call('EXISTS', P .. 'run:' .. rid) == 0 then rid = false end
 if rid then
-  local f = redis.call('HMGET', P .. 'run:' .. rid, 'owner', 'latest', 'answer', 'finished', 'stopped')
+  local f = redis.call('HMGET', P .. 'run:' .. rid, 'owner', 'latest', 'answer', 'finished', 'stopped', 'at',
+                       'delivered')
   if f[1] ~= A[6] then return {'forbidden', rid} end
-  if f[2] == A[4] and f[3] then return {'answer', f[3]} end
+  if f[2] == A[4] and f[3] and (A[17] == '1' or (f[7] ~= A[4] and not (f[6] and NOW - tonumber(f[6]) >= tonumber(A[16])))) then
+    return {'answer', f[3]}
+  end
   local lock = redis.call('GET', P .. 'lock:' .. rid)
   if lock then
     if string.sub(lock, 34) == A[4] then return {'wait'} end
@@ -112,7 +119,7 @@ if not rid then
   local n = tonumber(A[14])
   while redis.call('EXISTS', P .. 'run:' .. rid) == 1 do
     n = n + 1
-    rid = A[2] .. '-' .. n
+    rid = A[15] .. '-' .. n
   end
   redis.call('HSET', P .. 'run:' .. rid, 'owner', A[6], 'version', '0', 'named', A[2])
   redis.call('PEXPIRE', P .. 'run:' .. rid, A[12])
@@ -132,6 +139,8 @@ return out
 
 _COMMIT = """
 local P, A = KEYS[1], ARGV
+local T = redis.call('TIME')
+local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 local rid = A[1]
 local run, lk, log = P .. 'run:' .. rid, P .. 'lock:' .. rid, P .. 'log:' .. rid
 local lock = redis.call('GET', lk)
@@ -139,7 +148,7 @@ if (lock and lock ~= A[2]) or redis.call('HGET', run, 'version') ~= A[3] then re
 local n = #A - 12
 if n > 0 then redis.call('RPUSH', log, unpack(A, 13)) end
 redis.call('HSET', run, 'version', tostring(tonumber(A[3]) + n), 'latest', A[5], 'answer', A[6], 'finished', A[7],
-           'meta', A[9], 'desc', A[12])
+           'meta', A[9], 'desc', A[12], 'at', NOW)
 if A[8] ~= '' then redis.call('HSET', run, 'stopped', A[8]) end
 local named = redis.call('HMGET', run, 'named', 'owner')
 local who = (named[2] or '') .. '/'
@@ -153,6 +162,11 @@ redis.call('PEXPIRE', run, A[4])
 redis.call('PEXPIRE', log, A[4])
 redis.call('DEL', lk)
 return 1
+"""
+
+_DELIVERED = """
+if redis.call('HGET', KEYS[1], 'latest') == ARGV[1] then return redis.call('HSET', KEYS[1], 'delivered', ARGV[1]) end
+return 0
 """
 
 _RENEW = """
@@ -217,6 +231,7 @@ class RedisRuns(Runs):
         self._renew = self.redis.register_script(_RENEW)
         self._release = self.redis.register_script(_RELEASE)
         self._free = self.redis.register_script(_FREE)
+        self._delivered = self.redis.register_script(_DELIVERED)
 
     def describe_store(self) -> str:
         return f"redis {self.url.split('@')[-1]}"
@@ -288,6 +303,12 @@ class RedisRuns(Runs):
             return None
         return json.loads(desc)
 
+    async def delivered(self, rid: str, whole: str) -> None:
+        """The run's latest answer reached its client (after the response: off the request's path).
+        A store that cannot be reached leaves it undelivered: a copy within RETRY_S then shares it."""
+        with contextlib.suppress(Exception):
+            await self._delivered(keys=[PREFIX + "run:" + rid], args=[whole])
+
     async def reset(self, rid: str, owner: str | None) -> dict[str, Any] | None:
         """`Runs.reset` on the store: under the run's lease, its log folded, ended, committed; then
         its name is free."""
@@ -337,21 +358,26 @@ class RedisRuns(Runs):
     # -- one request ------------------------------------------------------------------------------
     async def answer(self, incoming: Incoming, *, named: str | None = None, user_agent: str = "",
                      owner: str | None = None, relay: Relay | None = None,
-                     on_run: Callable[[str], None] | None = None) -> tuple[Answer, bool]:
+                     on_run: Callable[[str], None] | None = None, session: str | None = None) -> tuple[Answer, bool]:
         if named is not None and not RUN_ID.fullmatch(named):
             raise BadRequest("the X-Loopfence-Run header must be 1-128 characters of A-Z a-z 0-9 . _ - "
                              "(starting with a letter or digit)", "X-Loopfence-Run")
+        session = None if named is not None else session
+        if session is not None and incoming.scope != session:
+            incoming = incoming.scoped(session)  # its conversations' routes are the session's own
         conv = " ".join(incoming.extends[:64]) if named is None else ""
         token = uuid.uuid4().hex
-        cand, n = self._candidate(named)
+        cand, n = self._candidate(named or session)
         known = "1" if named is not None and self.settings.logs is not None and \
             (self.settings.logs / f"{named}.jsonl").exists() else ""
         model = self.upstream.model_name(incoming.model)
         pause = 0.005
+        waited = ""  # "1" once told to wait for this same request in flight: its answer is ours, delivered or not
         while True:
             got = await self._call(self._claim, [
                 self.epoch, named or "", conv, incoming.whole, cand, owner or "", token, self.lease_ms,
-                *self._have(named, owner, incoming), known, self.ttl_ms, uuid.uuid4().hex, n])
+                *self._have(named, owner, incoming), known, self.ttl_ms, uuid.uuid4().hex, n, named or session or "",
+                int(RETRY_S * 1000), waited])
             kind = _text(got[0])
             if kind == "answer":
                 return Answer.from_json(json.loads(got[1])), False
@@ -371,13 +397,14 @@ class RedisRuns(Runs):
                 raise StoreDown(f"the run state store ({self.describe_store()}) lost its data, and this request "
                                 "continues a run it no longer holds: the proxy will not start it afresh with its "
                                 "budgets reset")
+            waited = waited or ("1" if kind == "wait" else "")
             await asyncio.sleep(pause)  # busy or wait: another replica is at work on the run
             pause = min(pause * 2, 0.05)
         rid, version, meta = _text(got[1]), _text(got[2]), json.loads(got[3] or "{}")
         lines = [bytes(x) if isinstance(x, (bytes, bytearray)) else _text(x).encode() for x in got[4:]]
         lock = f"{token}|{incoming.whole}"
         try:
-            run = await self._held(rid, version, meta, lines, incoming, user_agent, owner, model, named)
+            run = await self._held(rid, version, meta, lines, incoming, user_agent, owner, model, named, session)
         except Exception:
             await self._let_go(rid, lock)
             raise
@@ -407,7 +434,8 @@ class RedisRuns(Runs):
         return guess.id, self.cache[guess.id][0]
 
     async def _held(self, rid: str, version: str, meta: dict[str, Any], lines: list[bytes], incoming: Incoming,
-                    user_agent: str, owner: str | None, model: str, named: str | None) -> WireRun:
+                    user_agent: str, owner: str | None, model: str, named: str | None,
+                    session: str | None = None) -> WireRun:
         """The run as the store has it at `version`: this replica's own copy, else folded from its log."""
         mine = self.cache.get(rid)
         if mine is not None and mine[0] == version and not lines:
@@ -415,7 +443,7 @@ class RedisRuns(Runs):
             return mine[1]
         self.cache.pop(rid, None)
         if not lines:  # a new run (or one whose first request never committed)
-            run = self.make(rid, incoming, user_agent, owner, RunLog(None), named)
+            run = self.make(rid, incoming, user_agent, owner, RunLog(None), named, session=session)
         else:
             log = parse_log(f"{self.describe_store()} {PREFIX}log:{rid}", b"".join(x + b"\n" for x in lines))
             started = datetime.fromisoformat(log.header.started_at).timestamp()

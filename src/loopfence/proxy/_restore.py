@@ -33,6 +33,7 @@ from ..integrations._config import Fence
 from ..integrations._fence import FenceStop, versions
 from ._answer import Answer
 from ._runs import FRAMEWORK, NOTES, Runs, WireRun, keyed, precheck, value_of
+from ._view import TEXT_TOOLS
 
 __all__ = ["restore", "fold", "proxy_run"]
 
@@ -99,6 +100,7 @@ async def _restore_one(runs: Runs, path: Path) -> tuple[WireRun, list[dict[str, 
         os.truncate(path, log.complete_bytes)
     run, last_reply = await fold(log, rid, start.get("owner"), start.get("model"), str(path))
     run.notes = notes_path
+    run.opening, run.task = str(start.get("opening") or ""), frozenset(start.get("task") or ())
     reset = any("reset" in n for n in notes)  # reset: its name was freed, a restart does not give it back
     return run, notes, last_reply, None if reset else start.get("named")
 
@@ -125,7 +127,9 @@ async def fold(log: RunLogFile, rid: str, owner: str | None, model: str | None, 
     f = fence.start(h.task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=h.system,
                     header={"proxy": h.record.get("proxy")})
     f.state.run_id = h.run_id  # the same run upstream: its requests carry the same id
-    run = WireRun(rid, f, owner, model, log=path)
+    proxy = h.record.get("proxy") if isinstance(h.record.get("proxy"), dict) else {}
+    run = WireRun(rid, f, owner, model, log=path, tools=frozenset(s.name for s in h.specs if s.name not in TEXT_TOOLS),
+                  session=proxy.get("session"))
     last_reply, last_t = None, 0.0
     for e in log.events:
         last_t = e.t
@@ -156,6 +160,9 @@ def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: 
     f = run.fenced
     asked = [n for n in notes if "asked" in n]
     answered = {n["answered"]: Answer.from_json(n["answer"]) for n in notes if "answered" in n}
+    for made in answered.values():  # the answers it gave: a rebuilt history is placed by its last one
+        if made.stop is None:
+            runs.gave(run, made)
     if f.result is not None and f.result.stop.reason is not StopReason.FINAL_ANSWER:
         runs.stop_answer(run, f.result.stop)
     tails = {n["asked"]: n["tail"] for n in asked}

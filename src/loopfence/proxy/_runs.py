@@ -17,11 +17,14 @@ the stop comes with the next request, once their results are in. The log is the 
 event, so `reconcile` and `replay` fold it like any other run.
 
 Run identity (docs/proxy.md, "Which run a request belongs to"): a run name (the `X-Loopfence-Run`
-header, else a session header an agent sends, each scoped to the client's key) names the run for as
-long as the name lives; else a request continues the run whose latest request it extends, compared on
-a normalised view of each message (`_view`: role, flattened text, calls from `tool_calls` or from
-recognised call text); anything else starts a run. A request identical to its run's latest one is a
-retry: it shares that request's answer (in flight or given), and is never forwarded twice.
+header, scoped to the client's key) names the run for as long as the name lives; else a request
+continues the run whose latest request it extends, compared on a normalised view of each message
+(`_view`: role, flattened text, calls from `tool_calls` or from recognised call text), among runs
+whose tools it declares no more than; anything else starts a run. A session header scopes that
+search to the session's conversations (`Incoming.scoped`), and a session's new conversation starts
+with the budgets its others left. A request identical to its run's latest one is a retry while that
+is in flight, or just after an answer that never reached its client (`retrying`): it shares that
+answer, and is never forwarded twice; after a delivered answer it is a new request.
 
 Text actions: a run with no tools (and any named run) fences the action of a reply with no tool calls
 (its code blocks, else its text) as a call of the `text_action` tool, a side effect, whose result is
@@ -37,6 +40,7 @@ import copy
 import inspect
 import json
 import re
+import sys
 import time
 import uuid
 from collections import OrderedDict
@@ -58,13 +62,19 @@ from ..tools._executor import ToolResult
 from ..tools._registry import ToolKind
 from ._answer import Answer
 from ._upstream import Relay, Upstream
-from ._view import TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, action_of, call_ids_in, flat, program_of
+from ._view import (TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, action_of, answer_digest, call_ids_in, flat,
+                    program_of, task_marks, view)
 from ._wire import BadRequest, Incoming
 
-__all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "FRAMEWORK", "NOTES", "keyed", "opening", "precheck",
+__all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "RETRY_S", "FRAMEWORK", "NOTES", "keyed", "opening", "precheck",
            "value_of"]
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# A request identical to its run's latest is a retry while that is in flight, or up to this many seconds
+# after its answer was made, unless the answer reached the client (then it is a new sample: pass@k)
+RETRY_S = 10.0
+MAX_GIVEN = 8  # the answers a run remembers giving (a rebuilt history is placed by its last ones)
+MAX_SAME_OPENING = 256  # the runs one system prompt finds for a rebuilt history, newest first
 FRAMEWORK = "loopfence-proxy"
 NOTES = ".proxy"  # the folder, inside the log folder, of the proxy's own notes per run
 _NOT_SENT = json.dumps({"ok": False, "error": "not_sent", "message": "the proxy did not release this call to the "
@@ -82,7 +92,7 @@ class Settings:
     logs: Path | None = None
     expire_after: float | None = 86400.0  # seconds a run may be idle before it ends and is forgotten (None: never)
     per_turn: bool = False  # a named run ends at a text answer: the name's next request starts fresh budgets
-    session_headers: tuple[str, ...] = ()  # more headers whose value names the run (`_app.SESSION_HEADERS`)
+    session_headers: tuple[str, ...] = ()  # more headers whose value names a session (`_app.SESSION_HEADERS`)
     keep_runs: bool = False  # at shutdown, runs waiting on their clients stay open (a restart continues them)
 
 
@@ -110,6 +120,13 @@ class WireRun:
     asked: str | None = None  # the model its latest request asked for (a stop answer names it)
     named: str | None = None  # the run name that routes to it, if any
     seen: str = ""  # the text its latest request brought (a text action's `after`: the output it followed)
+    answered: float = field(default_factory=time.monotonic)  # when its latest answer was made (or restored)
+    delivered: bool = False  # its latest answer reached the client whole: the same request again is a new one
+    tools: frozenset[str] = frozenset()  # the names of the tools its requests declare (a request with others is not its)
+    session: str | None = None  # the session it is a conversation of (a session header's value)
+    opening: str = ""  # the digest of its first request's system messages (`_view.marks`)
+    task: frozenset[str] = frozenset()  # the digests its task is known by (`_view.task_marks`)
+    given: list[str] = field(default_factory=list)  # the digests of the answers it gave (`_view.answer_digest`)
 
     def note(self, **fields: Any) -> None:
         """One line of notes: who opened the run, each request's digest, each answer given."""
@@ -158,6 +175,9 @@ class Runs:
         self.by_conv: dict[str, WireRun] = {}
         self.by_latest: dict[str, WireRun] = {}
         self.names: dict[tuple[str | None, str], str] = {}  # (client key, run name) -> the run serving it now
+        self.sessions: dict[tuple[str | None, str], list[str]] = {}  # (client key, session) -> its runs, oldest first
+        self.by_opening: dict[str, list[WireRun]] = {}  # keyed opening digest -> the runs it opened, newest last
+        self.warned: set[str] = set()  # the openings whose unplaced continuation was said on stderr
         self.open_logs: OrderedDict[str, WireRun] = OrderedDict()  # runs waiting with their log open, oldest first
         self._swept = time.monotonic()
 
@@ -238,32 +258,46 @@ class Runs:
                 del index[k]
         for k in [k for k, rid in self.names.items() if rid in gone]:
             del self.names[k]
+        for k, runs in list(self.by_opening.items()):
+            runs[:] = [r for r in runs if r.id not in gone]
+            if not runs:
+                del self.by_opening[k]
+        for k, rids in list(self.sessions.items()):
+            rids[:] = [r for r in rids if r not in gone]
+            if not rids:
+                del self.sessions[k]
 
     # -- routing ---------------------------------------------------------------------------------
 
     async def answer(self, incoming: Incoming, *, named: str | None = None, user_agent: str = "",
                      owner: str | None = None, relay: Relay | None = None,
-                     on_run: Callable[[str], None] | None = None) -> tuple[Answer, bool]:
+                     on_run: Callable[[str], None] | None = None, session: str | None = None) -> tuple[Answer, bool]:
         """The answer to one request, and whether it was made for this request (False: a retry's
         shared answer, or a stopped run's stop). `relay`: each text delta as it arrives (a stream);
-        `on_run`: the run's id, once it is known (before anything is forwarded)."""
+        `on_run`: the run's id, once it is known (before anything is forwarded). `session`: the
+        session it belongs to (a session header; ignored under a run name): it is placed among that
+        session's conversations only, and a new one starts with what the session has left."""
         if named is not None and not RUN_ID.fullmatch(named):
             raise BadRequest("the X-Loopfence-Run header must be 1-128 characters of A-Z a-z 0-9 . _ - "
                              "(starting with a letter or digit)", "X-Loopfence-Run")
+        session = None if named is not None else session
+        if session is not None and incoming.scope != session:
+            incoming = incoming.scoped(session)
         self.expire()
         run = self._route(incoming, named, owner)
         if run is not None and run.owner != owner:
             raise BadRequest(f"run {run.id} belongs to another client key", "X-Loopfence-Run", 403)
         if run is not None:
             latest = run.latest
-            if latest is not None and latest[0] == incoming.whole:  # a retry: the same answer
+            if latest is not None and latest[0] == incoming.whole and self.retrying(run):  # the same answer
                 return await asyncio.shield(latest[1]), False
             if run.fenced.finished:
                 if run.stopped is not None:
                     return run.stopped, False
                 run = None  # it ended with an answer: what follows is a new run
         if run is None:
-            run = self._start(incoming, named, user_agent, owner)
+            unplaced = named is None and bool(incoming.answers) and not self._placed_before(incoming, owner)
+            run = self._start(incoming, named, user_agent, owner, session, unplaced=unplaced)
         if on_run is not None:
             on_run(run.id)
         run.touched = time.monotonic()
@@ -285,7 +319,7 @@ class Runs:
                 if run.latest is not None and run.latest[1] is fut:
                     run.latest = None  # not a retry of itself
                 made, fresh = await self.answer(incoming, named=named, user_agent=user_agent, owner=owner,
-                                                relay=relay, on_run=on_run)
+                                                relay=relay, on_run=on_run, session=session)
                 fut.set_result(made)
                 return made, fresh
         except BaseException as exc:
@@ -293,6 +327,9 @@ class Runs:
             fut.exception()  # retrieved: a retry may never come
             raise
         fut.set_result(made)
+        run.answered, run.delivered = time.monotonic(), False
+        if made.stop is None:
+            self.gave(run, made)
         self.hold_open(run)
         self.remember(run, incoming.conv)
         run.note(answered=incoming.whole, answer=made.to_json())
@@ -315,11 +352,66 @@ class Runs:
             return self.runs.get(self.names.get((owner, named), ""))
         run = self.by_latest.get(keyed(owner, incoming.whole))  # a retry of a run's latest request
         if run is not None and not run.fenced.finished:
-            return run
-        found = next((r for d in incoming.extends if (r := self.by_conv.get(keyed(owner, d))) is not None), None)
+            if self.retrying(run):
+                return run
+            run = None  # its answer was delivered (or is old): the same request again is a new one
+        names = {t["function"]["name"] for t in incoming.tools}
+        found = next((r for d in incoming.extends if (r := self.by_conv.get(keyed(owner, d))) is not None
+                      and names <= r.tools), None)  # a request declaring a tool its run lacks is another's
+        if found is None and incoming.answers:  # a history the agent rebuilt: its task and the run's last answer
+            found = next((r for r in reversed(self.by_opening.get(keyed(owner, incoming.opening), ()))
+                          if not r.fenced.finished and self.brings_back(r, incoming) and names <= r.tools), None)
         if found is None and run is not None and run.stopped is not None:  # a stopped run's request, again
             return run
         return found
+
+    def gave(self, run: WireRun, made: Answer) -> None:
+        """The run gave this answer: a request that brings it back under the run's opening is the
+        run's (`brings_back`; the last MAX_GIVEN answers are kept)."""
+        seen = view([made.message])
+        if seen:
+            run.given.append(answer_digest(seen[0]))
+            del run.given[:-MAX_GIVEN]
+
+    def _placed_before(self, incoming: Incoming, owner: str | None) -> bool:
+        """Whether a request that continues no open run continues one that ended (a follow-up after a
+        final answer): only a request that continues nothing at all is said to be unplaced."""
+        return any(self.by_conv.get(keyed(owner, d)) is not None for d in incoming.extends) or any(
+            self.brings_back(r, incoming) for r in self.by_opening.get(keyed(owner, incoming.opening), ()))
+
+    @staticmethod
+    def brings_back(run: WireRun, incoming: Incoming) -> bool:
+        """Whether the request is the run's, rebuilt: it brings back the run's task (a user message
+        that is its text, or its leading paragraphs) and one of its last two answers (the last, or the
+        one before: mini-swe-agent drops a reply it could not parse). Two tasks are never glued."""
+        return bool(run.task & incoming.users) and any(a in incoming.answers for a in run.given[-2:])
+
+    def _unplaced(self, incoming: Incoming, rid: str) -> str:
+        """The words for a request that looks like a continuation but continues no run; said once per
+        opening on stderr, and in the new run's header."""
+        text = (f"a request carries earlier answers but continues no run this proxy knows (its agent rebuilt "
+                f"its history, or the run ended or expired): it starts run {rid} with fresh budgets. Name the "
+                "run so that its requests stay one: the base URL .../run/NAME/v1, or the X-Loopfence-Run header")
+        if incoming.opening not in self.warned and len(self.warned) < 4096:
+            self.warned.add(incoming.opening)
+            print(f"loopfence proxy: warning: {text}", file=sys.stderr, flush=True)
+        return text
+
+    @staticmethod
+    def retrying(run: WireRun) -> bool:
+        """Whether a request identical to the run's latest is its retry: the latest is still in
+        flight, or was answered under RETRY_S ago and the answer never reached the client whole."""
+        latest = run.latest
+        if latest is None:
+            return False
+        return not latest[1].done() or (not run.delivered and time.monotonic() - run.answered < RETRY_S)
+
+    async def delivered(self, rid: str, whole: str) -> None:
+        """The answer to the run's latest request (`whole`) reached its client whole (the app says so
+        once the response is sent): the same request again is a new sample, not a retry."""
+        run = self.runs.get(rid)
+        if run is not None and run.latest is not None and run.latest[0] == whole and run.latest[1].done():
+            run.delivered = True
 
     @staticmethod
     def continues(run: WireRun, incoming: Incoming) -> bool:
@@ -336,21 +428,31 @@ class Runs:
             rid = f"{named}-{n}"
         return rid
 
-    def _start(self, incoming: Incoming, named: str | None, user_agent: str, owner: str | None) -> WireRun:
-        rid = self._new_id(named)
+    def _start(self, incoming: Incoming, named: str | None, user_agent: str, owner: str | None,
+               session: str | None = None, *, unplaced: bool = False) -> WireRun:
+        rid = self._new_id(named or session)
         st = self.settings
         log = None if st.logs is None else st.logs / f"{rid}.jsonl"
-        run = self.make(rid, incoming, user_agent, owner, log, named)
+        limits = None
+        if session is not None:  # the session's budgets, less what its other conversations spent
+            limits = st.limits.left_after(*(self.runs[r].fenced.state.ledger.snapshot()
+                                            for r in self.sessions.get((owner, session), ()) if r in self.runs))
+        run = self.make(rid, incoming, user_agent, owner, log, named, limits=limits, session=session,
+                        unplaced=self._unplaced(incoming, rid) if unplaced else None)
         run.notes = None if st.logs is None else st.logs / NOTES / f"{rid}.jsonl"
         if run.notes is not None:
             run.notes.parent.mkdir(exist_ok=True)
-        run.note(start={"named": named, "owner": owner, "model": run.model})
+        run.note(start={"named": named, "owner": owner, "model": run.model, "session": session,
+                        "opening": incoming.opening, "task": sorted(run.task)})
         self.add(run, named)
         return run
 
     def make(self, rid: str, incoming: Incoming, user_agent: str, owner: str | None,
-             log: Path | RunLog | None, named: str | None = None) -> WireRun:
-        """A new run `rid` for `incoming`, its header written to `log`. Its replies' text actions are
+             log: Path | RunLog | None, named: str | None = None, *, limits: Limits | None = None,
+             session: str | None = None, unplaced: str | None = None) -> WireRun:
+        """A new run `rid` for `incoming`, its header written to `log` (`limits`: the settings' unless
+        given; `session`: the session it is a conversation of; `unplaced`: why a request that looks
+        like a continuation starts it). Its replies' text actions are
         calls (`text_action`) when it has no tools, or a name without `per_turn`, or tools with a
         `tool_choice` that demands a call (a reply with none is not an answer that client takes:
         smolagents' ToolCallingAgent asks again)."""
@@ -362,7 +464,7 @@ class Runs:
             and not TEXT_TOOLS & set(names)
         polls = texts and any(k is ToolKind.POLL for k in st.kinds.values())
         kinds = {n: st.kinds[n] for n in names if n in st.kinds} | ({TEXT_POLL: ToolKind.POLL} if polls else {})
-        fence = Fence(limits=st.limits, policy=st.policy, kinds=kinds, log=log)
+        fence = Fence(limits=limits or st.limits, policy=st.policy, kinds=kinds, log=log)
         tools = [fence.tool(t["function"]["name"], t["function"].get("parameters"),
                             t["function"].get("description") or "") for t in incoming.tools]
         about = ("an action the reply's text asks for (a code block, else the text): the client runs it, its "
@@ -374,17 +476,25 @@ class Runs:
         system, task = opening(incoming.messages)
         model = self.upstream.model_name(incoming.model)
         header = {"proxy": {"run": rid, "user_agent": user_agent, "upstream": self.upstream.describe(),
-                            "on_stop": st.on_stop}}
+                            "on_stop": st.on_stop, **({"session": session} if session is not None else {}),
+                            **({"unplaced": unplaced} if unplaced is not None else {})}}
         fenced = fence.start(task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=system,
                              header=header)
         return WireRun(rid, fenced, owner, model, log=None if log is None or isinstance(log, RunLog) else str(log),
-                       named=named)
+                       named=named, tools=frozenset(names), session=session, opening=incoming.opening,
+                       task=task_marks(incoming.messages))
 
     def add(self, run: WireRun, named: str | None) -> None:
         self.runs[run.id] = run
         if named is not None:
             run.named = named
             self.names[(run.owner, named)] = run.id
+        if run.session is not None:
+            self.sessions.setdefault((run.owner, run.session), []).append(run.id)
+        if run.opening:
+            same = self.by_opening.setdefault(keyed(run.owner, run.opening), [])
+            same.append(run)
+            del same[:-MAX_SAME_OPENING]
 
     # -- one exchange ------------------------------------------------------------------------------
     async def _exchange(self, run: WireRun, incoming: Incoming, relay: Relay | None) -> Answer:

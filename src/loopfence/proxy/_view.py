@@ -23,9 +23,10 @@ from typing import Any
 
 from .._json import canonical_json
 
-__all__ = ["flat", "calls_in_text", "view", "digests", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
+__all__ = ["flat", "calls_in_text", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
            "TEXT_POLL", "TEXT_TOOLS", "TEXT_ACTION_SCHEMA"]
 
+MARKED = 8  # the assistant messages of a request, from its last, that `marks` reads
 TEXT_ACTION = "text_action"  # the tool a run's text actions are calls of (in its log and report)
 TEXT_POLL = "text_poll"  # the same, kind poll: an action whose program --kinds declares a poll
 TEXT_TOOLS = frozenset({TEXT_ACTION, TEXT_POLL})
@@ -109,13 +110,13 @@ def view(messages: list[dict[str, Any]]) -> list[tuple[str, str, tuple[tuple[str
     return out
 
 
-def digests(messages: list[dict[str, Any]]) -> tuple[str, tuple[str, ...]]:
+def digests(messages: list[dict[str, Any]], seen: list[Any] | None = None) -> tuple[str, tuple[str, ...]]:
     """(the digests of the whole request's view, with and without its system messages, space-joined;
     the digests of its views cut just before each of its assistant messages, longest first, and of one
     length with the system messages first). A request extends the run whose latest request's digest
     is one of the cuts; the cuts without system messages serve an agent that asks for its last answer
-    under another system prompt (smolagents at its max_steps)."""
-    seen = view(messages)
+    under another system prompt (smolagents at its max_steps). `seen`: `view(messages)`, if known."""
+    seen = view(messages) if seen is None else seen
     whole, cuts = [], []
     for bare, items in enumerate((seen, [item for item in seen if item[0] != "system"])):
         d = ""
@@ -125,6 +126,37 @@ def digests(messages: list[dict[str, Any]]) -> tuple[str, tuple[str, ...]]:
             d = hashlib.sha256(f"{d}\n{canonical_json(item)}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
         whole.append(d)
     return " ".join(whole), tuple(d for _, _, d in sorted(cuts))
+
+
+def marks(seen: list[tuple[str, str, tuple[tuple[str, str], ...]]]) -> tuple[str, frozenset[str], tuple[str, ...]]:
+    """What an agent that rebuilds its history still keeps, from a request's view: the digest of its
+    leading system messages, the digests of its user messages' texts, and the digests of its last
+    MARKED assistant messages, newest first (the answers it was given; aider puts its own "Ok." after
+    them)."""
+    n = 0
+    while n < len(seen) and seen[n][0] == "system":
+        n += 1
+    answers = [answer_digest(item) for item in reversed(seen) if item[0] == "assistant"][:MARKED]
+    return _digest(seen[:n]), frozenset(_digest(text) for role, text, _ in seen if role == "user"), tuple(answers)
+
+
+def task_marks(messages: list[dict[str, Any]]) -> frozenset[str]:
+    """The digests a run's task is known by: the text of the first request's last user message, and
+    of its leading paragraphs (an agent may send the task again without what it appended: aider's
+    reminder), as `marks` digests a user message's text."""
+    last = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    parts = flat(last.get("content")).split("\n\n") if last is not None else []
+    texts = {_SPACE.sub(" ", "\n\n".join(parts[:n])).strip() for n in range(1, min(len(parts), 8) + 1)}
+    return frozenset(_digest(t) for t in texts if t)
+
+
+def answer_digest(item: tuple[str, str, tuple[tuple[str, str], ...]]) -> str:
+    """The digest of one assistant message's view (an answer the proxy gave, as a request brings it back)."""
+    return _digest(item)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def action_of(text: str | None) -> str | None:

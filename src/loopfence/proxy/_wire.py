@@ -9,12 +9,13 @@ and calls) tell which run a request continues: the one whose latest request it e
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from .._json import canonical_json
-from ._view import digests
+from ._view import digests, marks, view
 
 __all__ = ["BadRequest", "Incoming", "parse", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
@@ -66,6 +67,19 @@ class Incoming:
     whole: str = ""
     conv: str = ""  # the digest of the request's normalised view (`_view.digests`)
     extends: tuple[str, ...] = ()  # the digests of its views cut before each assistant message, longest first
+    scope: str | None = None  # the session its digests are scoped to (`scoped`)
+    opening: str = ""  # the digest of its leading system messages (`_view.marks`)
+    users: frozenset[str] = frozenset()  # the digests of its user messages' texts
+    answers: tuple[str, ...] = ()  # the digests of its last assistant messages, newest first (`_view.marks`)
+
+    def scoped(self, session: str) -> Incoming:
+        """The request with every digest scoped to `session`: it retries and continues only the
+        conversations of that session, and the same conversation in two sessions is two."""
+        def salt(d: str) -> str:
+            return hashlib.sha256(f"{session}\n{d}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        return dataclasses.replace(self, whole=salt(self.whole), conv=" ".join(salt(d) for d in self.conv.split()),
+                                   extends=tuple(salt(d) for d in self.extends), opening=salt(self.opening),
+                                   scope=session)
 
     def last_assistant(self) -> int | None:
         """The index of the last assistant message, or None."""
@@ -104,10 +118,12 @@ def parse(body: Any) -> Incoming:
         {k: v for k, v in body.items() if k not in ("stream", "stream_options")}).encode(
         "utf-8", "surrogatepass")).hexdigest()[:32]
     model = body.get("model")
-    conv, extends = digests(messages)
+    seen = view(messages)
+    conv, extends = digests(messages, seen)
+    opening, users, answers = marks(seen)
     return Incoming(messages, tools, params, body.get("stream") is True,
                     bool(options and options.get("include_usage")), model if isinstance(model, str) else None,
-                    whole, conv, extends)
+                    whole, conv, extends, opening=opening, users=users, answers=answers)
 
 
 def _kind(v: Any) -> str:
