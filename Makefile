@@ -83,7 +83,25 @@ $(AGENTS_STAMP):
 	  "mini-swe-agent==$(MINI_SWE_AGENT_VERSION)"
 	touch $@
 
-agents: $(AGENTS_STAMP)
+# aider (PyPI) in a venv of its own (its pins are not smolagents' nor loopfence's), and opencode (npm),
+# pinned: the proxy's tests drive each with no header (tests/test_proxy_coding_agents.py).
+AIDER_VERSION := 0.86.2
+AIDER_STAMP := $(AGENTS)-aider/.installed-$(AIDER_VERSION)
+OPENCODE_VERSION := 1.18.33
+OPENCODE_STAMP := $(AGENTS)-opencode/.installed-$(OPENCODE_VERSION)
+
+$(AIDER_STAMP):
+	$(PYTHON) -m venv $(AGENTS)-aider
+	$(AGENTS)-aider/bin/python -m pip install -q "aider-chat==$(AIDER_VERSION)"
+	touch $@
+
+$(OPENCODE_STAMP):
+	@command -v npm >/dev/null 2>&1 || { echo "npm missing: install node.js (the opencode tests fail under CI)"; exit 1; }
+	$(call apt_install,rg,ripgrep,ripgrep missing: opencode would download it from GitHub (its tests fail offline))
+	npm install --prefix $(AGENTS)-opencode --no-audit --no-fund --save-exact --loglevel=error "opencode-ai@$(OPENCODE_VERSION)"
+	touch $@
+
+agents: $(AGENTS_STAMP) $(AIDER_STAMP) $(OPENCODE_STAMP)
 
 # The proxy's TypeScript clients (tests/ts: an agent loop in plain fetch, the official openai Node SDK),
 # pinned by tests/ts/package-lock.json; tsx runs the .ts files on node 20 (no native TypeScript there).

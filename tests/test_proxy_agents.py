@@ -209,6 +209,33 @@ def test_mini_swe_agent_text_mode_repeated_command_stops_and_edit_and_test_finis
                 assert "PASSED" in results[-1] and "AssertionError" in results[1]
 
 
+def test_mini_swe_agent_with_a_format_error_mid_run_stays_one_run(tmp_path: Path) -> None:
+    """mini-swe-agent drops a reply it cannot parse (no bash block) and asks again with a format
+    error: its next request does not extend the one before it, yet the task and its last answers
+    place it in its run. One run, one log, every request in it."""
+    test = "python3 -c 'import m; assert m.f() == 3, m.f()' && echo PASSED"
+    replies = [_bash("Write the module.", "printf 'def f():\\n    return 1\\n' > m.py"),
+               text_reply("THOUGHT: I should look at the module first, I think."),  # no block: a format error
+               _bash("Run the test.", test), _bash("Fix it.", "sed -i 's/return 1/return 3/' m.py"),
+               _bash("Run the test again.", test), _bash("Done.", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")]
+    asked: list[int] = []
+
+    def script(turn: int) -> dict[str, Any]:  # by request, not by turn: the dropped reply is no turn
+        asked.append(turn)
+        return replies[min(len(asked) - 1, len(replies) - 1)]
+
+    work = tmp_path / "work"
+    work.mkdir()
+    with Scripted({"Make m.f return 3": script}) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path / "logs"), stderr=tmp_path / "err") as proxy:
+        out = drive("mini", proxy.base_url, "Make m.f return 3.", max_steps=20, workdir=work)
+        assert out["state"] == "Submitted", out
+        assert asked[1] == asked[2], asked  # the request after the format error brought no new turn
+        found = ended_logs(proxy, tmp_path / "logs", len(replies))
+    assert len(found) == 1, found
+    assert "continues no run" not in (tmp_path / "err").read_text()
+
+
 # ---------------------------------------------------------------------------- --on-stop error
 def test_on_stop_error_ends_smolagents_and_mini_swe_agent_retries_the_400(tmp_path: Path) -> None:
     """The 400 of `--on-stop error`: smolagents' run raises it (both agents); mini-swe-agent retries
