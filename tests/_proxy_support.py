@@ -192,16 +192,21 @@ def seed_workspace(folder: Path) -> Path:
     return folder
 
 
-def node_modules() -> Path:
-    """tests/ts/node_modules (`npm ci` there; `make test` runs it). Missing: the test fails under CI and
-    skips elsewhere, naming the target."""
-    path = TS / "node_modules"
-    if (path / ".bin" / "tsx").exists() and (path / "openai").is_dir():
+def built(path: Path, target: str, ready: bool | None = None) -> Path:
+    """`path`, which `make TARGET` installs (`make test` does), if it is there (or `ready` says so).
+    Missing: the test fails under CI and skips elsewhere, naming the target."""
+    if path.exists() if ready is None else ready:
         return path
-    message = "tests/ts/node_modules is not installed: run `make ts-deps` (make test does)"
+    message = f"{path.relative_to(ROOT)} is not installed: run `make {target}` (make test does)"
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def node_modules() -> Path:
+    """tests/ts/node_modules (`npm ci` there; `make ts-deps`)."""
+    path = TS / "node_modules"
+    return built(path, "ts-deps", (path / ".bin" / "tsx").exists() and (path / "openai").is_dir())
 
 
 def node_script(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

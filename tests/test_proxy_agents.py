@@ -28,7 +28,7 @@ from loopfence.proxy import STOP_MARKER
 from loopfence.runlog import read_log
 from loopfence.testing import calls_reply, text_reply, tool_call
 
-from _proxy_support import ROOT, Proxy, ReplyServer, logs_in, reconciles, replays, reset_all
+from _proxy_support import ROOT, Proxy, ReplyServer, built, logs_in, reconciles, replays, reset_all
 
 pytestmark = pytest.mark.timeout(600)
 AGENTS = ROOT / "build" / "agents" / "bin" / "python"
@@ -36,12 +36,7 @@ DRIVE = ROOT / "tests" / "agents" / "drive.py"
 
 
 def _agents() -> Path:
-    if AGENTS.exists():
-        return AGENTS
-    message = "build/agents is not installed: run `make agents` (make test does)"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(message)
-    pytest.skip(message)
+    return built(AGENTS, "agents")
 
 
 def drive(kind: str, url: str, task: str, *, max_steps: int = 8, workdir: Path | None = None,

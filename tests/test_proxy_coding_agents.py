@@ -18,7 +18,6 @@ After each agent, its runs are ended (the reset route) and every log reconciles 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -29,21 +28,12 @@ from loopfence.proxy import STOP_MARKER
 from loopfence.runlog import read_log
 from loopfence.testing import calls_reply, text_reply, tool_call
 
-from _proxy_support import ROOT, Proxy, ReplyServer, logs_in, reconciles, replays, reset_all
+from _proxy_support import ROOT, Proxy, ReplyServer, built, logs_in, reconciles, replays, reset_all
 
 pytestmark = pytest.mark.timeout(600)
 OPENCODE = ROOT / "build" / "agents-opencode" / "node_modules" / ".bin" / "opencode"
 AIDER = ROOT / "build" / "agents-aider" / "bin" / "aider"
 AGENT_S = 180  # an agent run's own time limit (`timeout`): bounds a failure, not a speed
-
-
-def installed(path: Path) -> Path:
-    if path.exists():
-        return path
-    message = f"{path.relative_to(ROOT)} is not installed: run `make agents` (make test does)"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 NOWHERE = "http://127.0.0.1:9"  # a closed loopback port: what an agent asks of anything but loopback fails at once
@@ -93,7 +83,7 @@ def opencode(base_url: str, work: Path, home: Path, message: str) -> list[dict[s
                    OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_SHARE="1", OPENCODE_DISABLE_LSP_DOWNLOAD="1",
                    OPENCODE_DISABLE_DEFAULT_PLUGINS="1", OPENCODE_DISABLE_CLAUDE_CODE="1",
                    OPENCODE_DISABLE_EXTERNAL_SKILLS="1")
-    done = run_agent([str(installed(OPENCODE)), "run", "--format", "json", message], work, env)
+    done = run_agent([str(built(OPENCODE, "agents")), "run", "--format", "json", message], work, env)
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
@@ -173,7 +163,7 @@ def test_aider_repeating_the_same_failing_edit_stops_within_six_requests(tmp_pat
     with ReplyServer(lambda body: text_reply(FAILING_EDIT)) as up, \
             Proxy("--upstream", up.base_url, "--logs", str(tmp_path / "logs"), stderr=tmp_path / "err") as proxy:
         base = proxy.base_url.removesuffix("/v1") + "/run/calc-fix/v1" if named else proxy.base_url
-        done = run_agent([str(installed(AIDER)), "--model", "openai/m", "--openai-api-base", base,
+        done = run_agent([str(built(AIDER, "agents")), "--model", "openai/m", "--openai-api-base", base,
                           "--openai-api-key", "sk-client", "--edit-format", "diff", "--no-git", "--yes-always",
                           "--no-check-update", "--analytics-disable", "--no-show-model-warnings", "--map-tokens", "0",
                           "--no-pretty", "--auto-test", "--test-cmd",
