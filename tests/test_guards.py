@@ -170,11 +170,26 @@ def test_repeated_result_streak_resets_on_a_different_result():
 def test_repeated_result_default_allows_five_identical_results_in_a_row():
     s = state()
     g = RepeatedResult(Limits().max_identical_results)
-    assert all(g.after_execution(s, call("ping", f'ping:{{"n":{i}}}'), res("")) is None for i in range(5))
-    stop = g.after_execution(s, call("ping", 'ping:{"n":9}'), res(""))
+    assert all(g.after_execution(s, call("ping", f'ping:{{"n":{i}}}'), res("pong")) is None for i in range(5))
+    stop = g.after_execution(s, call("ping", 'ping:{"n":9}'), res("pong"))
     assert stop.reason is StopReason.REPEATED_RESULT and stop.data["value"] == 6
-    assert g.after_execution(s, call("poll", "poll:{}"), res("")) is None  # polls are exempt
+    assert g.after_execution(s, call("poll", "poll:{}"), res("pong")) is None  # polls are exempt
     assert RepeatedResult(None).after_execution(s, call(), res("")) is None
+
+
+def test_a_side_effects_empty_success_counts_only_against_the_same_call():
+    s = state()
+    g = RepeatedResult(2)
+    empty = '{"ok": true, "exit_code": 0, "stdout": "", "duration_s": 0.1}'
+    assert all(g.after_execution(s, call("ping", f'ping:{{"n":{i}}}'), res(empty)) is None for i in range(9))
+    assert all(g.after_execution(s, call("ping", 'ping:{"n":1}'), res(empty)) is None for _ in range(2))
+    assert g.after_execution(s, call("ping", 'ping:{"n":1}'), res(empty)).reason is StopReason.REPEATED_RESULT
+    failed = ToolResult('{"ok": false, "error": "nonzero_exit", "exit_code": 1, "stderr": ""}', False)
+    looks = [g.after_execution(s, call("look", f'look:{{"n":{i}}}'), res("")) for i in range(3)]
+    assert looks[:2] == [None, None] and looks[2].reason is StopReason.REPEATED_RESULT  # read-only: a repeat
+    g = RepeatedResult(2)
+    fails = [g.after_execution(s, call("ping", f'ping:{{"n":{i}}}'), failed) for i in range(3)]
+    assert fails[:2] == [None, None] and fails[2].reason is StopReason.REPEATED_RESULT  # errors: a repeat
 
 
 def test_repeated_result_ignores_the_shells_timing():

@@ -261,6 +261,88 @@ def test_a_base_url_names_the_run(tmp_path: Path) -> None:
     assert (models.status_code, models.json()) == (plain.status_code, plain.json())  # the same route, named
 
 
+MINI_EMPTY = "<returncode>0</returncode>\n<output>\n</output>"
+FAILING = "<returncode>1</returncode>\n<output>\nFAILED test_x.py::test_x - assert 1 == 2\n1 failed in 0.05s\n</output>"
+
+
+def tool_loop(url: str, task: str, outputs: list[str]) -> list[httpx.Response]:
+    """A tool-calling agent: each call of an answer gets the next output, until they run out or an
+    answer is a stop or has no calls. Every response, in order."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    got, outs = [], iter(outputs)
+    while True:
+        r = post(url, messages, tools=[BASH])
+        assert r.status_code == 200, r.text
+        got.append(r)
+        message = r.json()["choices"][0]["message"]
+        if "x-loopfence-stop" in r.headers or not message.get("tool_calls"):
+            return got
+        messages.append(message)
+        for c in message["tool_calls"]:
+            out = next(outs, None)
+            if out is None:
+                return got
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": out})
+
+
+BASH = {"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+
+
+def _calls_or_blocks(commands: list[str], final: str, as_text: bool) -> Any:
+    """The reply at each turn: a bash block (text) or a bash call, one command a turn, then `final`."""
+    def reply(body: dict[str, Any]) -> dict[str, Any]:
+        turn = turn_of(body)
+        if turn >= len(commands):
+            return text_reply(final)
+        if as_text:
+            return text_reply(bash("Next.", commands[turn]))
+        return calls_reply(tool_call("bash", {"command": commands[turn]}, id=f"call_{turn}"))
+    return reply
+
+
+@pytest.mark.parametrize("as_text", [True, False], ids=["bash-blocks", "tool-calls"])
+def test_ten_writes_with_empty_output_finish_in_both_renderings(tmp_path: Path, as_text: bool) -> None:
+    writes = [f"cat <<'EOF' > pkg/m{i}.py\nx = {i}\nEOF" for i in range(6)] + \
+        [f"echo 'line {i}' >> fix.py" for i in range(4)]
+    with ReplyServer(_calls_or_blocks(writes, "Written.", as_text)) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limits", "coding",
+                  stderr=tmp_path / "err") as proxy:
+        loop = text_loop if as_text else tool_loop
+        got = loop(proxy.base_url, "Write the package.", [MINI_EMPTY] * len(writes))
+        assert all("x-loopfence-stop" not in r.headers for r in got), got[-1].text
+        assert got[-1].json()["choices"][0]["message"]["content"] == "Written."
+        assert len(up.requests) == len(writes) + 1
+        reset_all(proxy.base_url)
+    reconciles(one_log(tmp_path))
+
+
+@pytest.mark.parametrize("as_text", [True, False], ids=["bash-blocks", "tool-calls"])
+def test_the_same_edit_and_the_same_failing_test_stop_within_six_in_both_renderings(tmp_path: Path,
+                                                                                     as_text: bool) -> None:
+    commands = ["sed -i 's/1/2/' x.py", "pytest -q"] * 10
+    with ReplyServer(_calls_or_blocks(commands, "Done.", as_text)) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limits", "coding",
+                  stderr=tmp_path / "err") as proxy:
+        loop = text_loop if as_text else tool_loop
+        got = loop(proxy.base_url, "Make the test pass.", [MINI_EMPTY, FAILING] * 10)
+        assert got[-1].headers.get("x-loopfence-stop") == "repeated_result", got[-1].text
+        assert len(up.requests) <= 6, len(up.requests)
+        reset_all(proxy.base_url)
+    reconciles(one_log(tmp_path))
+
+
+def test_a_storm_of_different_commands_with_one_error_stops_within_six_as_bash_blocks(tmp_path: Path) -> None:
+    commands = [f"./deploy.sh --attempt {i}" for i in range(20)]
+    denied = "<returncode>126</returncode>\n<output>\nbash: ./deploy.sh: Permission denied\n</output>"
+    with ReplyServer(_calls_or_blocks(commands, "Done.", True)) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), "--limits", "coding",
+                  stderr=tmp_path / "err") as proxy:
+        got = text_loop(proxy.base_url, "Deploy.", [denied] * 20)
+        assert got[-1].headers.get("x-loopfence-stop") == "repeated_result", got[-1].text
+        assert len(up.requests) <= 6, len(up.requests)
+
+
 def test_a_reply_with_code_tags_or_several_blocks_is_one_action(tmp_path: Path) -> None:
     replies = ["Thought: compute.\n<code>\nprint(1 + 1)\n</code>",
                "Two steps:\n```bash\ncd src\n```\nthen\n```bash\nmake\n```"]

@@ -86,9 +86,11 @@ def test_the_old_rules_would_have_stopped_three_real_runs(tmp_path: Path) -> Non
         cli(["drill", str(old), "--json", "--out", str(tmp_path / "out")])
     rows = [json.loads(line) for line in buf.getvalue().splitlines()]
     stopped = {r["name"]: r["stop"] for r in rows if r["stop"] != "final_answer"}
+    # sphinx's silent setup commands were a streak of identical results; a side effect's empty success
+    # now counts only against the same call (issue 54), and whole-run counting still stops that run
     assert stopped == {"mini-gemini3pro-astropy__astropy-12907": "repeated_call",
                        "mini-gemini3pro-django__django-13297": "repeated_call",
-                       "mini-gemini3pro-sphinx-doc__sphinx-8595": "repeated_result"}
+                       "mini-gemini3pro-sphinx-doc__sphinx-8595": "repeated_call"}
 
 
 # ---------------------------------------------------------------------------- cycles through the ring
@@ -488,3 +490,61 @@ def test_property_three_repetitions_of_a_block_with_identical_results_stop_a_run
     r = run("work", model=ScriptedModel(replies), tools=plan.tools(), limits=UNBUDGETED, log=RunLog(None))
     assert r.stop.reason in REPETITION_STOPS, (prefix, block, r.stop.reason, r.stop.detail)
     assert r.ledger.model_requests <= len(replies) - 1  # before the final answer was asked for
+
+
+# ---------------------------------------------------------------------------- empty successes (issue 54)
+MINI_EMPTY = "<returncode>0</returncode>\n<output>\n</output>"
+SHELL_EMPTY = json.dumps({"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "duration_s": 0.01,
+                          "sandbox": "bubblewrap"})
+WRITES = [f"cat <<'EOF' > pkg/m{i}.py\nx = {i}\nEOF" for i in range(10)]
+
+
+def _bash(output: str | list[str], kind: str = "side_effect") -> Any:
+    outputs = iter([output] if isinstance(output, str) else output)
+    last = [output if isinstance(output, str) else output[-1]]
+
+    def bash(command: str) -> str:
+        last[0] = next(outputs, last[0])
+        return last[0]
+    return tool(bash, kind=kind)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(6, 10), output=st.sampled_from(["", MINI_EMPTY, SHELL_EMPTY]), appends=st.booleans())
+def test_six_to_ten_writes_that_succeed_with_empty_output_are_steady_work(n: int, output: str, appends: bool) -> None:
+    """Six files written in a row, or a script appended line by line: every call changed something,
+    with different arguments; their identical empty outputs are not a loop."""
+    commands = [f"echo 'line {i}' >> fix.py" for i in range(n)] if appends else WRITES[:n]
+    replies = [calls_reply(tool_call("bash", command=c, id=f"c{i}")) for i, c in enumerate(commands)]
+    r = run("write the package", model=ScriptedModel([*replies, text_reply("done")]), tools=[_bash(output)],
+            limits=UNBUDGETED)
+    assert r.stop.reason is StopReason.FINAL_ANSWER, r.stop.detail
+    assert r.ledger.tool_executions == n
+
+
+@pytest.mark.parametrize("output", [
+    json.dumps({"ok": False, "error": "nonzero_exit", "exit_code": 1, "stdout": "", "stderr": "Permission denied"}),
+    "<returncode>1</returncode>\n<output>\n</output>",  # a failure with nothing to say is still a failure
+    "<returncode>126</returncode>\n<output>\nbash: ./run.sh: Permission denied\n</output>"])
+def test_a_storm_of_different_commands_failing_with_one_error_still_stops_within_six(tmp_path: Path,
+                                                                                    output: str) -> None:
+    replies = [calls_reply(tool_call("bash", command=f"./run.sh --try {i}", id=f"c{i}")) for i in range(20)]
+    r = _run(tmp_path, replies, [_bash(output)], limits=UNBUDGETED)
+    assert r.stop.reason is StopReason.REPEATED_RESULT and r.ledger.tool_executions == 6, r.stop.detail
+    _reconciled(tmp_path)
+
+
+def test_identical_empty_results_of_read_only_calls_are_still_a_repetition(tmp_path: Path) -> None:
+    """grep after grep with no match: nothing changed, and nothing was learned."""
+    replies = [calls_reply(tool_call("bash", command=f"grep -r pattern{i} src", id=f"c{i}")) for i in range(20)]
+    r = _run(tmp_path, replies, [_bash("", kind="read_only")], limits=UNBUDGETED)
+    assert r.stop.reason is StopReason.REPEATED_RESULT and r.ledger.tool_executions == 6
+    _reconciled(tmp_path)
+
+
+def test_the_same_write_again_and_again_is_still_stopped(tmp_path: Path) -> None:
+    """An empty success counts against the same call: the same write, with nothing else between."""
+    r = _run(tmp_path, [calls_reply(tool_call("bash", command=WRITES[0], id=f"c{i}")) for i in range(10)],
+             [_bash(MINI_EMPTY)], limits=UNBUDGETED)
+    assert r.stop.reason is StopReason.REPEATED_CALL and r.ledger.tool_executions == 2
+    _reconciled(tmp_path)

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._contract import requested_max_tokens
-from ._repeats import CycleTrail, RepeatCounts, Streak, call_text, describe_cycle, outcome_fingerprint
+from ._repeats import CycleTrail, RepeatCounts, Streak, call_text, describe_cycle, outcome_fingerprint, streak_token
 from ._stops import Stop, StopReason
 from ._log._large import short_key
 from .tools._executor import refusal
@@ -266,7 +266,8 @@ class RepeatedCall(Guard):
 
 
 class RepeatedResult(Guard):
-    """More than `limit` executed results in a row with one fingerprint, whatever the call."""
+    """More than `limit` executed results in a row with one fingerprint, whatever the call; but a
+    side-effecting call's empty success counts only against the same call's (`streak_token`)."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
@@ -276,7 +277,7 @@ class RepeatedResult(Guard):
         if self.limit is None or r.decision != "executed" or c.tool.kind is ToolKind.POLL:
             return None
         fp = outcome_fingerprint(r.content)
-        n = self.streak.add(fp)
+        n = self.streak.add(streak_token(c.key, fp, c.tool.kind is ToolKind.SIDE_EFFECT, r.ok, r.content))
         if n > self.limit:
             return Stop(StopReason.REPEATED_RESULT, f"{n} executed results in a row with "
                         f"fingerprint {fp} (max_identical_results={self.limit})",

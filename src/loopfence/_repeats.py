@@ -5,8 +5,11 @@
   world (an executed side-effecting call with a different key: the same notion that clears the
   read-only cache). After an edit, the same read or the same test is a new question. Scope "run"
   (`Policy(repeat_scope="run")`) counts over the whole run instead.
-- **Identical results in a row, whatever the call** (`Streak`): empty success outputs of setup
-  commands reach streaks of 3 to 6 in real successful runs, so the default allows 5.
+- **Identical results in a row, whatever the call** (`Streak`): a loop that learns nothing new.
+  Except steady work: a side-effecting call that succeeded with an empty output (`empty_output`: six
+  file writes in a row, a script appended line by line) changed something and says nothing, so its
+  result counts in the streak only against earlier results of the *same* call (`streak_token`). A
+  run of identical errors, or of identical non-empty results, counts whatever the calls.
 - **Cycles are caught by what they return** (`CycleTrail`): over the executed calls as (canonical
   key, result fingerprint), a block of 2 or 3 that comes back `times` times in a row with identical
   results ("the same edit, then the same failing test, forever").
@@ -27,7 +30,7 @@ from typing import Literal
 from ._json import canonical_json, fingerprint, loads_object
 
 __all__ = ["RepeatScope", "RepeatCounts", "Streak", "CycleTrail", "CYCLE_PERIODS", "outcome_fingerprint",
-           "call_label", "call_text", "describe_cycle"]
+           "empty_output", "streak_token", "call_label", "call_text", "describe_cycle"]
 
 RepeatScope = Literal["change", "run"]
 CYCLE_PERIODS = (2, 3)  # a period of 1 is the same call again: repeated_call and the streak see it
@@ -37,6 +40,10 @@ _TIMING = re.compile(  # a duration with its unit, a clock time (with a date bef
     r"[0-9](?<![\w.][0-9])(?:[0-9]*(?:\.[0-9]+)?\s?(?:ms|µs|us|ns|s|sec|secs|seconds)\b"
     r"|[0-9]*(?:-[0-9][0-9]-[0-9][0-9][T ][0-9][0-9]?)?:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)?(?![0-9]))")
 _LABEL_ARGS = ("path", "command", "cmd", "file", "filename", "url", "query", "name")
+_EXIT = ("exit_code", "returncode", "return_code", "exit_status")  # a result's exit status: 0 is success
+_SAID = ("stdout", "stderr", "output", "result", "content", "text", "message", "note", "data", "warning")
+_RETURNCODE = re.compile(r"<returncode>\s*(-?[0-9]+)\s*</returncode>", re.IGNORECASE)  # mini-swe-agent's
+_TAG = re.compile(r"</?[A-Za-z_][\w-]*>")
 _LABEL_CHARS = 40
 
 
@@ -133,6 +140,33 @@ def _outcome(content: str) -> str:
             del value[_VOLATILE]
             content = canonical_json(value)
     return fingerprint(_TIMING.sub("<time>", content))
+
+
+def empty_output(content: str) -> bool:
+    """Whether a result says nothing but success: empty text; a JSON object with no error, a zero (or
+    no) exit status and nothing in its output fields (`{"ok": true, "exit_code": 0, "stdout": ""}`); or
+    text whose markup is all it has, with no non-zero return code (mini-swe-agent's
+    `<returncode>0</returncode><output></output>`)."""
+    text = content.strip()
+    if not text:
+        return True
+    if text[0] == "{":
+        try:
+            value = loads_object(text)
+        except ValueError:
+            return False
+        if not isinstance(value, dict) or value.get("ok") is False or value.get("error"):
+            return False
+        return all(value.get(k) in (None, 0) for k in _EXIT) and not any(value.get(k) for k in _SAID)
+    if any(code != "0" for code in _RETURNCODE.findall(text)):
+        return False
+    return not _TAG.sub("", _RETURNCODE.sub("", text)).strip()
+
+
+def streak_token(key: str, fp: str, side_effect: bool, ok: bool, content: str) -> str:
+    """What one executed result adds to the identical-results streak: its fingerprint; for a
+    side-effecting call that succeeded with an empty output, its fingerprint and its call (module doc)."""
+    return f"{fp} {key}" if side_effect and ok and empty_output(content) else fp
 
 
 def call_label(key: str) -> str:

@@ -120,6 +120,7 @@ class WireRun:
     asked: str | None = None  # the model its latest request asked for (a stop answer names it)
     named: str | None = None  # the run name that routes to it, if any
     seen: str = ""  # the text its latest request brought (a text action's `after`: the output it followed)
+    acted: str | None = None  # the action of its last reply (a text action's `after` is kept for the same again)
     answered: float = field(default_factory=time.monotonic)  # when its latest answer was made (or restored)
     delivered: bool = False  # its latest answer reached the client whole: the same request again is a new one
     tools: frozenset[str] = frozenset()  # the names of the tools its requests declare (a request with others is not its)
@@ -550,9 +551,11 @@ class Runs:
 
     def as_action(self, run: WireRun, reply: Reply) -> Reply:
         """A reply with no tool calls, in a run whose text actions are calls: the same reply with its
-        action as a `text_action` call (what the log records; the client gets the text alone). The
-        call's `after` is the fingerprint of the output the reply followed: the same action after
-        the same output is a repeat, after a new output (a poll, a test after an edit) it is not."""
+        action as a `text_action` call (what the log records; the client gets the text alone). When
+        the action is the one the last reply asked for, the call's `after` is the fingerprint of the
+        output it followed: the same action after the same output is a repeat, after a new output (a
+        poll) it is not. After another action it is empty: an edit and a test that come back in turn
+        are one cycle from their first round, as tool calls are."""
         registry = run.fenced.state.registry
         if reply.tool_calls or not reply.complete or TEXT_ACTION not in registry:
             return reply
@@ -560,7 +563,7 @@ class Runs:
         if action is None and run.named is None:
             return reply  # nothing asked for: the final answer
         raw = reply.raw if isinstance(reply.raw, dict) else {}
-        args = {"action": action or "", "after": outcome_fingerprint(run.seen)[:16]}
+        args = {"action": action or "", "after": outcome_fingerprint(run.seen)[:16] if action == run.acted else ""}
         call = {"id": f"text-{run.fenced.state.ledger.model_requests}", "type": "function",
                 "function": {"name": TEXT_POLL if TEXT_POLL in registry and self._polls(action) else TEXT_ACTION,
                              "arguments": canonical_json(args)}}
@@ -585,8 +588,10 @@ class Runs:
         the user messages' text."""
         f = run.fenced
         turn = f.turn
+        run.acted = None
         if turn is None:
             return
+        run.acted = next((_action_in(c.call) for c in turn.calls if c.call.name in TEXT_TOOLS), None)
         since = incoming.since(incoming.last_assistant())
         given = {m["tool_call_id"]: flat(m.get("content")) for m in since if m.get("role") == "tool"}
         told = [flat(m.get("content")) for m in since if m.get("role") == "user"]
@@ -646,6 +651,15 @@ class Runs:
 
     def _ident(self, run: WireRun) -> str:
         return f"chatcmpl-lf-{run.id[:24]}-{run.fenced.state.ledger.model_requests}"
+
+
+def _action_in(call: Any) -> str | None:
+    """The action a text action call asked for (its `action` argument)."""
+    try:
+        args = json.loads(call.raw_arguments or "{}")
+    except ValueError:
+        return None
+    return args.get("action") if isinstance(args, dict) else None
 
 
 def value_of(content: str) -> Callable[[], Any]:
