@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass, field
 import selectors
 import signal
 import subprocess
@@ -33,7 +34,7 @@ if str(ROOT) not in sys.path:
 from bench.common import Script, calls_of, final_text  # noqa: E402
 from bench.scripts import HONEST, RUNAWAY  # noqa: E402
 
-__all__ = ["ROOT", "TS", "SCRIPTS", "KINDS", "REASONS", "stops_at_the_minimum", "ScriptServer", "Proxy", "task", "kinds_file", "seed_workspace",
+__all__ = ["ROOT", "TS", "SCRIPTS", "Ended", "KINDS", "REASONS", "stops_at_the_minimum", "ScriptServer", "Proxy", "task", "kinds_file", "seed_workspace",
            "node_modules", "run_loop", "node_script", "logs_in", "reconciles", "replays", "first_json", "run_calls",
            "ReplyServer", "reset_all"]
 
@@ -50,6 +51,19 @@ REASONS = {"retry_storm": {"no_progress", "repeated_call"}, "duplicate_args": {"
 START_S = 120.0  # how long a process may take to start here: bounds a failure on a busy machine, not a speed
 _LISTENING = re.compile(r"^loopfence proxy: listening on (http://\S+/v1) \(upstream: .*\)$")
 _TASK = re.compile(r"Run the bench script (\w+)\.")
+
+
+@dataclass
+class Ended:
+    """How a client's conversation ended: its answer, turns, executions, run, stop, and the 502/503
+    bodies it met on the way (then retried)."""
+
+    answer: str | None = None
+    turns: int = 0
+    executions: int = 0
+    run: str = ""
+    stop: str | None = None
+    outages: list[dict[str, Any]] = field(default_factory=list)
 
 
 def stops_at_the_minimum(name: str, executions: int, reason: str | None) -> None:

@@ -24,6 +24,7 @@ import httpx
 import pytest
 from _front import Front
 from _proxy_support import (
+    Ended,
     Proxy,
     ScriptServer,
     kinds_file,
@@ -138,16 +139,6 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
             yield r
         finally:
             r.close()
-
-
-@dataclass
-class Ended:
-    answer: str | None = None
-    turns: int = 0
-    executions: int = 0
-    run: str = ""
-    stop: str | None = None
-    outages: list[dict[str, Any]] = field(default_factory=list)  # the 502/503 bodies met (then retried)
 
 
 def post(url: str, body: dict[str, Any], ended: Ended, **kw: Any) -> httpx.Response:

@@ -12,21 +12,28 @@ from ._common import UsageError, limits_from_flags
 
 __all__ = ["add_parser", "main"]
 
-HELP = "serve the Chat Completions API with loopfence's rules, stops and logs in front of any endpoint"
+HELP = "serve the Chat Completions and Anthropic Messages APIs with loopfence's rules, stops and logs"
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("proxy", help=HELP, description=(
-        "An OpenAI-compatible server (POST /v1/chat/completions, GET /v1/models) in front of --upstream "
-        "(default: the embedded model). Any agent pointed at it by base URL runs under loopfence's rules: "
+        "An OpenAI-compatible server (POST /v1/chat/completions, GET /v1/models) and an Anthropic one "
+        "(POST /v1/messages: Claude Code) in front of --upstream (default: the embedded model). Any agent "
+        "pointed at it by base URL runs under loopfence's rules, under the coding limit profile unless "
+        "--limits or --limit say otherwise: "
         "budgets and context fit before each request, the contract and repeated_call on each reply, "
         "results counted and fingerprinted from the next request. A stop ends the client's loop as a "
         "model would (an answer with no tool calls), or as HTTP 400 with --on-stop error. One log per run "
-        "in --logs, readable by reconcile, replay, report and export. Prints one line, "
-        "`loopfence proxy: listening on URL (upstream: ...)`, and serves until SIGTERM or Ctrl-C (exit 0). "
-        "The upstream key comes from LOOPFENCE_UPSTREAM_KEY, else OPENAI_API_KEY."))
-    p.add_argument("--upstream", metavar="URL", help="the endpoint's base URL, e.g. http://127.0.0.1:8080/v1 "
-                   "(default: the embedded model, no server needed)")
+        "in --logs, readable by reconcile, replay, report and export. Prints "
+        "`loopfence proxy: listening on URL (upstream: ...; limits: ...)`, then the address each kind of "
+        "client takes, and serves until SIGTERM or Ctrl-C (exit 0). The upstream key comes from "
+        "LOOPFENCE_UPSTREAM_KEY, else OPENAI_API_KEY; an Anthropic upstream's from LOOPFENCE_ANTHROPIC_KEY, "
+        "else ANTHROPIC_API_KEY, else the client's own."))
+    p.add_argument("--upstream", metavar="URL", action="append", default=[],
+                   help="the endpoint's base URL, e.g. http://127.0.0.1:8080/v1 (default: the embedded model, no "
+                   "server needed); anthropic=URL: an Anthropic Messages endpoint, given as ANTHROPIC_BASE_URL is "
+                   "(its root, e.g. https://api.anthropic.com), to which Anthropic clients' requests go as they "
+                   "came (without one they are translated to the Chat Completions upstream). Repeatable, once a wire")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="port (0: any free port; default 8765)")
     p.add_argument("--logs", metavar="DIR", default="runs", help="one run log per run, <run id>.jsonl "
@@ -34,7 +41,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit", metavar="NAME=VALUE", action="append", default=[],
                    help="a limit, e.g. max_steps=30 (repeatable)")
     p.add_argument("--limits", metavar="PROFILE", choices=["default", "coding", "chat"],
-                   help="a limit profile: default, coding or chat (--limit flags apply over it)")
+                   help="a limit profile: default, coding or chat (default: coding, sized for coding agents "
+                   "from real runs; --limit flags apply over it)")
     p.add_argument("--on-stop", choices=["answer", "error"], default="answer",
                    help="answer: the stop is an assistant message with no tool calls (default); error: "
                    "HTTP 400 with an OpenAI-style error body, the stop as its code (not retried by the SDKs)")
@@ -65,6 +73,29 @@ def add_parser(sub: Any) -> None:
                    "sees only its own runs")
 
 
+def _upstreams(given: list[str]) -> tuple[str | None, dict[str, str]]:
+    """--upstream values: (the Chat Completions URL or None, {wire: its root})."""
+    from ..proxy._upstream import WIRES
+
+    chat: str | None = None
+    wires: dict[str, str] = {}
+    for value in given:
+        name, sep, url = value.partition("=")
+        if sep and name in WIRES:
+            if name in wires:
+                raise UsageError(f"--upstream {name}= is given twice: one upstream a wire")
+            wires[name] = url
+        elif sep and re.fullmatch(r"[a-z][a-z0-9_-]*", name) and "://" not in name:
+            raise UsageError(f"--upstream {value}: no wire {name!r} (the wires: {', '.join(WIRES)}; a plain URL is "
+                             "the Chat Completions upstream)")
+        elif chat is not None:
+            raise UsageError("--upstream URL is given twice: one Chat Completions upstream (anthropic=URL for the "
+                             "Anthropic one)")
+        else:
+            chat = value
+    return chat, wires
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         from ..proxy import Proxy, Settings, load_kinds
@@ -73,7 +104,11 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"loopfence proxy needs the proxy extra ({exc.name} is missing): "
                          "pip install 'loopfence[proxy]'") from None
 
-    limits = limits_from_flags(args.limit, profile=args.limits)
+    # coding agents are what the proxy fences: the coding profile unless the user names another
+    # (the defaults are a proving ground: Claude Code's five requests fill their 60,000 prompt tokens)
+    profile = args.limits or "coding"
+    limits = limits_from_flags(args.limit, profile=profile)
+    chat, wires = _upstreams(args.upstream)
     try:
         kinds = load_kinds(args.kinds) if args.kinds else {}
     except ValueError as exc:
@@ -93,13 +128,18 @@ def main(args: argparse.Namespace) -> int:
                         expire_after=args.expire_after, per_turn=args.budget_per_turn,
                         session_headers=tuple(args.session_header), keep_runs=args.keep_runs)
     try:
-        proxy = Proxy(args.upstream, settings, keys=args.key, state=args.state, lease=args.lease)
+        proxy = Proxy(chat, settings, keys=args.key, state=args.state, lease=args.lease, wires=wires)
     except ValueError as exc:
         raise UsageError(str(exc) if str(exc).startswith("--state") else f"--upstream: {exc}") from None
-    where = proxy.upstream.describe()
+    where = proxy.upstream.describe() + "".join(f", {w}: {proxy.upstream.describe(w)}" for w in wires)
+    shown = profile + (" with --limit " + " ".join(args.limit) if args.limit else "")
 
     def announce(url: str) -> None:
-        print(f"loopfence proxy: listening on {url} (upstream: {where})", flush=True)
+        root = url.removesuffix("/v1")
+        print(f"loopfence proxy: listening on {url} (upstream: {where}; limits: {shown})", flush=True)
+        print(f"loopfence proxy: OpenAI clients take the base URL {url}; Anthropic clients (Claude Code) "
+              f"ANTHROPIC_BASE_URL={root}; to name a run, {root}/run/NAME/v1 or ANTHROPIC_BASE_URL={root}/run/NAME",
+              flush=True)
 
     try:
         asyncio.run(serve(proxy, args.host, args.port, announce))

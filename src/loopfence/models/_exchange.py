@@ -59,6 +59,10 @@ class Wire:
     redact: Callable[[str], str]
     max_bytes: int | None = None  # a response body's size at most (None: unbounded)
     text: Callable[[str], None] | None = None  # a stream's answer text, piece by piece, as it arrives
+    # how the body is read (another wire than Chat Completions translates to it): a JSON body -> Reply,
+    # and an SSE event -> its chat.completion.chunk (or None), as `chunk_of`
+    read_json: Callable[[Any], Reply] = reply_from_response
+    read_event: Callable[[SSEEvent, StreamEnd], dict[str, Any] | None] = chunk_of
 
 
 async def attempt(pool: Pool, wire: Wire, body: dict[str, Any], tools: tuple[str, ...]) -> Reply:
@@ -104,7 +108,7 @@ async def _read(resp: httpx.Response, wire: Wire, tools: tuple[str, ...]) -> Rep
     if isinstance(obj, dict) and obj.get("error"):
         raise error_stop(status, obj, tools=tools, redact=wire.redact)
     try:
-        return reply_from_response(obj)
+        return wire.read_json(obj)
     except StopError as exc:
         exc.stop.data.setdefault("status", status)
         raise
@@ -123,7 +127,7 @@ async def _read_stream(resp: httpx.Response, wire: Wire, tools: tuple[str, ...])
                 async for ev in events:
                     if relay is not None:
                         relay(ev)
-                    chunk = chunk_of(ev, end)
+                    chunk = wire.read_event(ev, end)
                     if end.done or end.problem:
                         break
                     if chunk is not None:

@@ -37,6 +37,7 @@ serves each run its own reply sequence by it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import ssl
@@ -53,6 +54,8 @@ from ._base import report_retry, text_sink
 from ._exchange import Retry, Wire, attempt
 from ._pool import Borrowed, LoopClients
 from ._retry import Timeouts, backoff_delay
+from ._sse import SSEEvent
+from ._stream import StreamEnd
 from ._sync import SyncLoop
 from ._tokencount import ServerTokenCounter
 
@@ -166,16 +169,31 @@ class OpenAIModel:
         return self._sync.run(lambda: self.acount_tokens(messages, tools))
 
     async def _acomplete(self, request: Request) -> Reply:
-        body = self.body(request)
         tools = tuple(t.get("function", {}).get("name", "") for t in request.tools if isinstance(t, dict))
-        deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         text = text_sink(request) if self.stream else None  # stream(): the answer's text as it arrives
+        return await self.apost(self.body(request), tools=tools, run_id=request.run_id, text=text)
+
+    async def apost(self, body: dict[str, Any], *, url: str | None = None, headers: dict[str, str] | None = None,
+                    read_json: Callable[[Any], Reply] | None = None,
+                    read_event: Callable[[SSEEvent, StreamEnd], dict[str, Any] | None] | None = None,
+                    tools: tuple[str, ...] = (), run_id: str | None = None,
+                    text: Callable[[str], None] | None = None) -> Reply:
+        """`body` POSTed as it is, with this model's retries, timeouts and bounds, to `url` (default
+        `self.url`), with `headers` in place of the Bearer key (another wire's auth), read as Chat
+        Completions or by `read_json` / `read_event` (another wire translated to it): the Reply, or
+        StopError. `acomplete` is this with the request's Chat Completions body."""
+        wire = self._wire(run_id, text)
+        wire = dataclasses.replace(
+            wire, url=url or wire.url, where=_safe_url(url or wire.url),
+            headers=wire.headers if headers is None else {**{k: v for k, v in wire.headers.items()
+                                                            if k != "Authorization"}, **headers},
+            **({"read_json": read_json} if read_json else {}), **({"read_event": read_event} if read_event else {}))
+        deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         retry = 0
         while True:
             self._check_time(deadline)
             try:
-                return await self._bounded(lambda: attempt(self._clients.get(), self._wire(request.run_id, text),
-                                                           body, tools), deadline)
+                return await self._bounded(lambda: attempt(self._clients.get(), wire, body, tools), deadline)
             except Retry as r:
                 retry += 1
                 status = r.stop.stop.data.get("status")

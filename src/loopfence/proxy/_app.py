@@ -36,11 +36,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._json import loads
+from . import _anthropic
 from ._answer import RUN_HEADER, Answer, sse
 from ._runs import RUN_ID, Runs
 from ._wire import BadRequest, Incoming, parse
 
-__all__ = ["create_app", "MAX_BODY", "SESSION_HEADERS", "run_name"]
+__all__ = ["create_app", "MAX_BODY", "SESSION_HEADERS", "run_name", "SERVED"]
+
+NO_KEY = "a client key is required: Authorization: Bearer <key> (or x-api-key: <key>)"
+# the client headers a request of another wire takes upstream: its version and beta flags, and its key
+# (sent only where the proxy has no key of its own for that upstream, and takes no client keys)
+FORWARDED = ("anthropic-version", "anthropic-beta", "x-api-key", "authorization")
 
 MAX_BODY = 16 << 20  # bytes of one request body, at most
 # The session ids real agents send, taken as run names (docs/proxy.md, "Run names"): opencode's,
@@ -80,7 +86,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         if not allowed:
             return None
         given = request.headers.get("authorization", "")
-        token = given[7:].strip().encode() if given[:7].lower() == "bearer " else b""
+        token = given[7:].strip().encode() if given[:7].lower() == "bearer " else \
+            request.headers.get("x-api-key", "").strip().encode()  # Anthropic's clients send theirs here
         if not any(hmac.compare_digest(token, k) for k in allowed):
             raise PermissionError
         return hashlib.sha256(token).hexdigest()[:16]
@@ -100,42 +107,64 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         except ValueError as exc:
             raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
+    def refused(dialect: Any, status: int, message: str, param: str | None = None, code: str | None = None,
+                headers: dict[str, str] | None = None) -> JSONResponse:
+        """An error in the shape of the request's wire (Chat Completions: OpenAI's)."""
+        if dialect is not None:
+            return JSONResponse(dialect.error(status, message), status, headers=headers)
+        return _error(status, message, param=param, code=code, headers=headers)
+
     async def completions(request: Request) -> Response:
+        return await serve_wire(request, None)
+
+    async def messages(request: Request) -> Response:
+        return await serve_wire(request, _anthropic)
+
+    async def serve_wire(request: Request, dialect: Any) -> Response:
+        """One request of a wire (`dialect`: its translating module; None: Chat Completions)."""
         try:
             who = owner(request)
-            incoming = parse(await body_of(request))
+            body = await body_of(request)
+            incoming = dialect.parse(body) if dialect is not None else parse(body)
         except PermissionError:
-            return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
+            return refused(dialect, 401, NO_KEY, code="invalid_api_key")
         except BadRequest as exc:
-            return JSONResponse(exc.body(), exc.status)
+            return refused(dialect, exc.status, exc.message, exc.param) if dialect is not None else \
+                JSONResponse(exc.body(), exc.status)
+        if dialect is not None:
+            forward = {h: v for h in FORWARDED if (v := request.headers.get(h))}
+            if allowed:  # the client's key is the proxy's, never the upstream's
+                forward = {h: v for h, v in forward.items() if h not in ("x-api-key", "authorization")}
+            incoming = dataclasses.replace(incoming, forward=tuple(forward.items()))
         named, session = run_name(request.headers, sessions)
         in_path = request.path_params.get("name")
         if in_path is not None:  # the name in the base URL (`/run/NAME/v1`): a run name, as the header
             if not RUN_ID.fullmatch(in_path):
-                return _error(400, "the run name in the base URL (/run/NAME/v1) must be 1-128 characters of "
-                              "A-Z a-z 0-9 . _ - (starting with a letter or digit)", param="path")
+                return refused(dialect, 400, "the run name in the base URL (/run/NAME/v1) must be 1-128 "
+                               "characters of A-Z a-z 0-9 . _ - (starting with a letter or digit)", "path")
             if named is not None and named != in_path:
-                return _error(400, f"the run is named twice: {in_path!r} in the path and {named[:128]!r} in "
-                              "X-Loopfence-Run; send one", param=RUN_HEADER)
+                return refused(dialect, 400, f"the run is named twice: {in_path!r} in the path and "
+                               f"{named[:128]!r} in X-Loopfence-Run; send one", RUN_HEADER)
             named, session = in_path, None
         ua = request.headers.get("user-agent", "")
         if incoming.stream:
-            return await _streamed(request, incoming, named, ua, who, session)
+            return await _streamed(incoming, named, ua, who, session, dialect)
         task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, session=session))
         try:
             answer, _ = await asyncio.shield(task)
         except BadRequest as exc:
-            return JSONResponse(exc.body(), exc.status)
-        return JSONResponse(answer.body(), answer.status, headers=answer.headers(),
-                            background=_delivered(answer, incoming))
+            return refused(dialect, exc.status, exc.message, exc.param) if dialect is not None else \
+                JSONResponse(exc.body(), exc.status)
+        status, out = dialect.render(answer) if dialect is not None else (answer.status, answer.body())
+        return JSONResponse(out, status, headers=answer.headers(), background=_delivered(answer, incoming))
 
     def _delivered(answer: Answer, incoming: Incoming) -> BackgroundTask:
         """Run once the response is sent whole (`Runs.delivered`). A client that went away before is
         not seen here (uvicorn drops what is sent to it): its retry within RETRY_S still shares."""
         return BackgroundTask(runs.delivered, answer.run_id, incoming.whole)
 
-    async def _streamed(request: Request, incoming: Incoming, named: str | None, ua: str,
-                        who: str | None, session: str | None) -> Response:
+    async def _streamed(incoming: Incoming, named: str | None, ua: str, who: str | None, session: str | None,
+                        dialect: Any) -> Response:
         queue: asyncio.Queue[str | None] = asyncio.Queue()
         rid: list[str] = []
         task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, relay=queue.put_nowait,
@@ -146,15 +175,18 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             try:
                 answer, _ = task.result()
             except BadRequest as exc:
-                return JSONResponse(exc.body(), exc.status)
+                return refused(dialect, exc.status, exc.message, exc.param) if dialect is not None else \
+                    JSONResponse(exc.body(), exc.status)
             if answer.status != 200:
-                return JSONResponse(answer.body(), answer.status, headers=answer.headers())
-            return StreamingResponse(_iterate(answer.stream_tail("", incoming.include_usage)),
-                                     media_type="text/event-stream", headers=answer.headers(),
+                status, out = dialect.render(answer) if dialect is not None else (answer.status, answer.body())
+                return JSONResponse(out, status, headers=answer.headers())
+            parts = [*dialect.stream_head(answer), *dialect.stream_tail(answer, "")] if dialect is not None \
+                else answer.stream_tail("", incoming.include_usage)
+            return StreamingResponse(_iterate(parts), media_type="text/event-stream", headers=answer.headers(),
                                      background=_delivered(answer, incoming))
         head = Answer("", f"chatcmpl-lf-{uuid.uuid4().hex[:24]}", incoming.model or "", {}, "stop",
                       created=int(time.time()))
-        return StreamingResponse(_relayed(first, queue, task, head, incoming.include_usage),
+        return StreamingResponse(_relayed(first, queue, task, head, incoming.include_usage, dialect),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", RUN_HEADER: rid[-1] if rid else ""},
                                  background=BackgroundTask(_relay_delivered, task, incoming))
@@ -163,18 +195,32 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         if task.done() and not task.cancelled() and task.exception() is None:
             await runs.delivered(task.result()[0].run_id, incoming.whole)
 
-
     def _spawn(coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         return task
 
+    async def count_tokens(request: Request) -> Response:
+        """POST /v1/messages/count_tokens: passed through to the Anthropic upstream, outside any run."""
+        try:
+            owner(request)
+            body = await body_of(request)
+        except PermissionError:
+            return refused(_anthropic, 401, NO_KEY)
+        except BadRequest as exc:
+            return refused(_anthropic, exc.status, exc.message)
+        forward = {h: v for h in FORWARDED if (v := request.headers.get(h))}
+        if allowed:
+            forward = {h: v for h, v in forward.items() if h not in ("x-api-key", "authorization")}
+        status, out = await runs.upstream.passthrough(_anthropic.NAME, "/v1/messages/count_tokens", body, forward)
+        return JSONResponse(out, status)
+
     async def models(request: Request) -> Response:
         try:
             owner(request)
         except PermissionError:
-            return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
+            return _error(401, NO_KEY, code="invalid_api_key")
         status, body = await runs.upstream.models()
         return JSONResponse(body, status)
 
@@ -182,7 +228,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         try:
             who = owner(request)
         except PermissionError:
-            return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
+            return _error(401, NO_KEY, code="invalid_api_key")
         try:
             data = await runs.listing(who)
         except BadRequest as exc:
@@ -195,7 +241,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             try:
                 who = owner(request)
             except PermissionError:
-                return _error(401, "a client key is required: Authorization: Bearer <key>", code="invalid_api_key")
+                return _error(401, NO_KEY, code="invalid_api_key")
             rid = request.path_params["run_id"]
             try:
                 run = await act(rid, who)
@@ -214,6 +260,10 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         Route("/v1/models", models, methods=["GET"]),
         Route("/run/{name}/v1/chat/completions", completions, methods=["POST"]),
         Route("/run/{name}/v1/models", models, methods=["GET"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/run/{name}/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/run/{name}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/loopfence/runs", list_runs, methods=["GET"]),
         Route("/loopfence/runs/{run_id}", run_route(runs.one), methods=["GET"]),
         Route("/loopfence/runs/{run_id}/reset", run_route(runs.reset), methods=["POST"]),
@@ -221,17 +271,20 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     ])
 
 
-SERVED = ("POST /v1/chat/completions, GET /v1/models (each also under /run/NAME/v1, naming the run), "
+SERVED = ("POST /v1/chat/completions, GET /v1/models, POST /v1/messages (Anthropic), "
+          "POST /v1/messages/count_tokens (each also under /run/NAME, naming the run), "
           "GET /loopfence/runs, GET /loopfence/runs/{id}, POST /loopfence/runs/{id}/reset")
 
 
 def _unknown_route(method: str, path: str) -> JSONResponse:
     """A route the proxy does not serve: 404 as JSON in the shape of the wire the path belongs to
     (Anthropic Messages, Gemini, else OpenAI's), naming what it serves; never a plain-text 404."""
-    what = (f"loopfence proxy does not serve {method} {path[:200]}: it serves the Chat Completions wire "
-            f"({SERVED})")
-    if path.startswith("/v1/messages"):
-        return JSONResponse({"type": "error", "error": {"type": "not_found_error", "message": what}}, 404)
+    what = f"loopfence proxy does not serve {method} {path[:200]}: it serves {SERVED}"
+    if "/v1/v1/" in path:
+        what += ("; the base URL has /v1 twice: an Anthropic client (ANTHROPIC_BASE_URL) takes the proxy's root, "
+                 "http://HOST:PORT, with no /v1")
+    if "/messages" in path:
+        return JSONResponse(_anthropic.error(404, what), 404)
     if path.startswith(("/v1beta/", "/v1alpha/")):
         return JSONResponse({"error": {"code": 404, "message": what, "status": "NOT_FOUND"}}, 404)
     return _error(404, what, code="unknown_route")
@@ -243,22 +296,36 @@ async def _iterate(parts: list[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _relayed(first: str, queue: asyncio.Queue[str | None], task: asyncio.Task[Any], head: Answer,
-                   include_usage: bool) -> AsyncIterator[bytes]:
+                   include_usage: bool, dialect: Any = None) -> AsyncIterator[bytes]:
     """Text deltas as they arrive, then the rest once the reply is whole and checked: every chunk
-    with the id, model and time of the first (`head`)."""
+    with the id, model and time of the first (`head`); in the shape of the request's wire."""
     sent = ""
     item: str | None = first
+    if dialect is not None:
+        for part in dialect.stream_head(head):
+            yield part
     while item is not None:
-        yield sse(head.chunk({"role": "assistant", "content": item} if not sent else {"content": item}))
+        if dialect is not None:
+            for part in dialect.stream_text(item, not sent):
+                yield part
+        else:
+            yield sse(head.chunk({"role": "assistant", "content": item} if not sent else {"content": item}))
         sent += item
         item = await queue.get()
     try:
         answer, _ = task.result()
     except Exception as exc:  # noqa: BLE001 - the stream is under way: the error as its last event
-        yield sse({"error": {"message": f"{type(exc).__name__}: {exc}"[:500], "type": "server_error"}})
+        message = f"{type(exc).__name__}: {exc}"[:500]
+        if dialect is not None:
+            yield b"event: error\n" + sse(dialect.error(500, message))
+            return
+        yield sse({"error": {"message": message, "type": "server_error"}})
         yield b"data: [DONE]\n\n"
         return
     answer = dataclasses.replace(answer, ident=head.ident, model=head.model or answer.model, created=head.created)
-    parts = answer.stream_tail(sent, include_usage) if answer.status == 200 else answer.error_stream()
+    if dialect is not None:
+        parts = dialect.stream_tail(answer, sent)
+    else:
+        parts = answer.stream_tail(sent, include_usage) if answer.status == 200 else answer.error_stream()
     for p in parts:
         yield p

@@ -46,17 +46,18 @@ def load_kinds(path: str | Path) -> dict[str, ToolKind]:
 
 class Proxy:
     """The fence on the wire. `upstream`: an OpenAI-compatible base URL (`.../v1`), or None for the
-    embedded model; its key from `key`, else LOOPFENCE_UPSTREAM_KEY, else OPENAI_API_KEY. `keys`:
-    the client keys (none: any client). `app`: the ASGI app."""
+    embedded model; its key from `key`, else LOOPFENCE_UPSTREAM_KEY, else OPENAI_API_KEY. `wires`:
+    another wire's own upstream by name (`{"anthropic": ROOT}`); its requests are translated to the
+    Chat Completions one without. `keys`: the client keys (none: any client). `app`: the ASGI app."""
 
     def __init__(self, upstream: str | None = None, settings: Settings | None = None, *,
                  keys: Iterable[str] = (), key: str | None = None, max_body: int = MAX_BODY,
                  transport: httpx.AsyncBaseTransport | None = None, local: Any = None,
-                 state: str | None = None, lease: float = 30.0) -> None:
+                 state: str | None = None, lease: float = 30.0, wires: dict[str, str] | None = None) -> None:
         self.settings = settings or Settings()
         if self.settings.logs is not None:
             self.settings.logs.mkdir(parents=True, exist_ok=True)
-        self.upstream = Upstream(upstream, key or upstream_key(), local=local, transport=transport)
+        self.upstream = Upstream(upstream, key or upstream_key(), local=local, transport=transport, wires=wires)
         self.runs = Runs(self.upstream, self.settings) if state is None else \
             RedisRuns(self.upstream, self.settings, state, lease=lease)
         self.app = create_app(self.runs, keys=keys, max_body=max_body)

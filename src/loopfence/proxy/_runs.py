@@ -476,8 +476,9 @@ class Runs:
             tools.append(fence.tool(TEXT_POLL, TEXT_ACTION_SCHEMA, about + "; its program is a poll (--kinds)"))
         system, task = opening(incoming.messages)
         model = self.upstream.model_name(incoming.model)
-        header = {"proxy": {"run": rid, "user_agent": user_agent, "upstream": self.upstream.describe(),
-                            "on_stop": st.on_stop, **({"session": session} if session is not None else {}),
+        header = {"proxy": {"run": rid, "user_agent": user_agent, "upstream": self.upstream.describe(incoming.wire),
+                            "on_stop": st.on_stop, "wire": incoming.wire or "chat",
+                            **({"session": session} if session is not None else {}),
                             **({"unplaced": unplaced} if unplaced is not None else {})}}
         fenced = fence.start(task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=system,
                              header=header)
@@ -508,6 +509,8 @@ class Runs:
                                    if m.get("role") in ("user", "tool"))
 
             async def send(request: Request, note: str | None) -> Reply:
+                if self.upstream.speaks(incoming.wire):  # as sent, to an upstream of its own wire
+                    return await self.upstream.post(incoming, note, request.max_tokens, relay)
                 messages = incoming.messages + ([{"role": "user", "content": note}] if note else [])
                 params = {k: v for k, v in incoming.params.items() if k != "model"}
                 wire = Request(messages, incoming.tools, params, request.deadline, request.step,

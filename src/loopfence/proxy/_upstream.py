@@ -1,6 +1,9 @@
 """Where the proxy forwards: an OpenAI-compatible endpoint through the library's own client
 (`OpenAIModel`: retries, Retry-After, the stream parsed to a Reply, incomplete_stream, bounded
 bodies, the key never shown), or the embedded model (`LocalModel`) when no `--upstream` is given.
+A request of another wire (`_anthropic`) goes to an upstream of its own wire as it was sent (`post`,
+through the same client, its reply read by the wire's reader), or, with none, translated to Chat
+Completions like any other (`complete`).
 
 A streamed request relays each text delta as it is read (`ON_STREAM_EVENT`); tool-call deltas are
 not relayed: the proxy releases calls only once the reply is whole and checked.
@@ -16,12 +19,19 @@ from typing import Any
 import httpx
 
 from .._aio import in_thread
+from .._json import canonical_json
+from .._tokens import TokenEstimator, text_units
 from .._messages import Reply, Request
 from ..models._exchange import ON_STREAM_EVENT
 from ..models._openai import OpenAIModel
 from ..models._sse import SSEEvent
+from . import _anthropic
+from ._wire import Incoming
 
-__all__ = ["Upstream", "upstream_key"]
+__all__ = ["Upstream", "upstream_key", "wire_key", "WIRES"]
+
+DIALECTS = {_anthropic.NAME: _anthropic}  # the wires besides Chat Completions, each one translating module
+WIRES = tuple(DIALECTS)  # the names `--upstream NAME=URL` takes
 
 Relay = Callable[[str], None]
 
@@ -31,12 +41,17 @@ def upstream_key() -> str | None:
     return os.environ.get("LOOPFENCE_UPSTREAM_KEY") or os.environ.get("OPENAI_API_KEY") or None
 
 
+def wire_key(wire: str) -> str | None:
+    """The key of a wire's own upstream: LOOPFENCE_ANTHROPIC_KEY, else ANTHROPIC_API_KEY."""
+    return os.environ.get(f"LOOPFENCE_{wire.upper()}_KEY") or os.environ.get(f"{wire.upper()}_API_KEY") or None
+
+
 class Upstream:
     """One upstream for every run: `url` (an OpenAI-compatible base URL, `.../v1`) or None (the
     embedded model). One `OpenAIModel` per (model name, streamed), sharing nothing but the key."""
 
     def __init__(self, url: str | None, key: str | None = None, *, local: Any = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, wires: dict[str, str] | None = None) -> None:
         self.url = url
         self._key = key
         self._transport = transport
@@ -44,9 +59,46 @@ class Upstream:
         self._local = local
         # the URL checked now (ValueError naming it), and shown without credentials or query
         self._where = OpenAIModel(url).describe()["base_url"] if url is not None else "embedded"
+        # another wire's own upstream: its root, as its clients take it (ANTHROPIC_BASE_URL: no /v1)
+        self.wires = {name: root.strip().rstrip("/").removesuffix("/v1") for name, root in (wires or {}).items()}
+        self._wire_models: dict[tuple[str, bool], OpenAIModel] = {}
+        for name, root in self.wires.items():
+            if name not in WIRES:
+                raise ValueError(f"{name}={root}: no such wire (the wires: {', '.join(WIRES)})")
+            OpenAIModel(root)  # checked now: ValueError naming it
 
-    def describe(self) -> str:
+    def describe(self, wire: str | None = None) -> str:
+        """Where requests of `wire` (None: Chat Completions) go, shown without credentials."""
+        if wire is not None and wire in self.wires:
+            return str(OpenAIModel(self.wires[wire]).describe()["base_url"])
         return str(self._where)
+
+    def speaks(self, wire: str | None) -> bool:
+        """Whether requests of `wire` go to an upstream of their own wire (else: translated)."""
+        return wire is not None and wire in self.wires
+
+    async def post(self, incoming: Incoming, note: str | None, max_tokens: int | None, relay: Relay | None) -> Reply:
+        """One request of another wire to that wire's own upstream: the body as sent, with the run's
+        cap and note (`outgoing`), its reply read by the wire's reader: the Reply, or StopError. The
+        client's headers in `incoming.forward` go too (its version and beta flags; its own key where
+        the proxy has none for that upstream)."""
+        wire = str(incoming.wire)
+        dialect = DIALECTS[wire]
+        body = dialect.outgoing(incoming, note, max_tokens)
+        tools = tuple(t["function"]["name"] for t in incoming.tools)
+        forward = dict(incoming.forward)
+        stream = body.get("stream") is True
+        m = self._wire_models.get((wire, stream))
+        if m is None:
+            m = self._wire_models[(wire, stream)] = OpenAIModel(self.wires[wire], stream=stream, tool_choice=None,
+                                                                transport=self._transport)
+        key = wire_key(wire)
+        headers = {k: v for k, v in forward.items() if key is None or k not in ("x-api-key", "authorization")}
+        if key is not None:
+            headers["x-api-key"] = key
+        read_json, read_event = dialect.reader()
+        return await m.apost(body, url=self.wires[wire] + dialect.PATH, headers=headers, read_json=read_json,
+                             read_event=read_event, tools=tools, text=relay)
 
     def _model(self, name: str | None, stream: bool) -> OpenAIModel:
         m = self._models.get((name, stream))
@@ -81,6 +133,23 @@ class Upstream:
         finally:
             ON_STREAM_EVENT.reset(token)
 
+    async def passthrough(self, wire: str, path: str, body: Any, forward: dict[str, str]) -> tuple[int, Any]:
+        """A request of `wire` outside any run (Anthropic's count_tokens), to that wire's own upstream
+        as it came: (status, JSON body). With none, an estimate of the tokens (its text units)."""
+        if wire not in self.wires:
+            text = canonical_json(body)
+            return 200, {"input_tokens": TokenEstimator().estimate(text_units(text))}
+        key = wire_key(wire)
+        headers = {k: v for k, v in forward.items() if key is None or k not in ("x-api-key", "authorization")}
+        if key is not None:
+            headers["x-api-key"] = key
+        try:
+            async with httpx.AsyncClient(transport=self._transport, timeout=30.0) as client:
+                resp = await client.post(self.wires[wire] + path, json=body, headers=headers)
+            return resp.status_code, resp.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return 502, DIALECTS[wire].error(502, f"upstream {self.describe(wire)}{path}: {type(exc).__name__}")
+
     async def models(self) -> tuple[int, Any]:
         """GET /models upstream, passed through: (status, JSON body)."""
         if self.url is None:
@@ -97,7 +166,7 @@ class Upstream:
                                    "type": "upstream_error", "param": None, "code": None}}
 
     async def aclose(self) -> None:
-        for m in self._models.values():
+        for m in [*self._models.values(), *self._wire_models.values()]:
             await m.aclose()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from .._json import canonical_json
 from ._view import digests, marks, view
 
-__all__ = ["BadRequest", "Incoming", "parse", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
+__all__ = ["BadRequest", "Incoming", "parse", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
 MAX_MESSAGES = 4096  # a conversation longer than this is refused (no agent loop gets near it)
 MAX_TOOLS = 512
@@ -71,6 +71,11 @@ class Incoming:
     opening: str = ""  # the digest of its leading system messages (`_view.marks`)
     users: frozenset[str] = frozenset()  # the digests of its user messages' texts
     answers: tuple[str, ...] = ()  # the digests of its last assistant messages, newest first (`_view.marks`)
+    # another wire than Chat Completions (`_anthropic`): its name, the request as sent (forwarded as
+    # it is to an upstream of that wire, caps and note added), and the client headers that go with it
+    wire: str | None = None
+    body: dict[str, Any] | None = None
+    forward: tuple[tuple[str, str], ...] = ()
 
     def scoped(self, session: str) -> Incoming:
         """The request with every digest scoped to `session`: it retries and continues only the
@@ -94,7 +99,7 @@ class Incoming:
 def parse(body: Any) -> Incoming:
     """The request checked: BadRequest naming the first field that is wrong."""
     if not isinstance(body, dict):
-        raise BadRequest(f"the request body must be a JSON object, got {_kind(body)}")
+        raise BadRequest(f"the request body must be a JSON object, got {kind(body)}")
     unknown = sorted(k for k in body if k not in KNOWN_FIELDS)
     if unknown:
         raise BadRequest(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
@@ -105,14 +110,14 @@ def parse(body: Any) -> Incoming:
         raise BadRequest(f"too many messages: {len(messages)} (at most {MAX_MESSAGES})", "messages")
     tools = body.get("tools") or []
     if not isinstance(tools, list):
-        raise BadRequest(f"tools must be an array, got {_kind(tools)}", "tools")
+        raise BadRequest(f"tools must be an array, got {kind(tools)}", "tools")
     _check_tools(tools)
     _check_messages(messages)
     _check_params(body)
     _check_choice(body.get("tool_choice"), {t["function"]["name"] for t in tools})
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise BadRequest(f"stream_options must be an object, got {_kind(options)}", "stream_options")
+        raise BadRequest(f"stream_options must be an object, got {kind(options)}", "stream_options")
     params = {k: v for k, v in body.items() if k not in ("messages", "tools", "stream", "stream_options")}
     whole = hashlib.sha256(canonical_json(
         {k: v for k, v in body.items() if k not in ("stream", "stream_options")}).encode(
@@ -126,7 +131,8 @@ def parse(body: Any) -> Incoming:
                     whole, conv, extends, opening=opening, users=users, answers=answers)
 
 
-def _kind(v: Any) -> str:
+def kind(v: Any) -> str:
+    """A JSON value's kind in words, for an error message ("an array", "null")."""
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
             int: "a number", float: "a number"}.get(type(v), type(v).__name__)
 
@@ -134,13 +140,13 @@ def _kind(v: Any) -> str:
 def _check_params(body: dict[str, Any]) -> None:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise BadRequest(f"model must be a string, got {_kind(model)}", "model")
+        raise BadRequest(f"model must be a string, got {kind(model)}", "model")
     if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadRequest(f"stream must be a boolean, got {_kind(body['stream'])}", "stream")
+        raise BadRequest(f"stream must be a boolean, got {kind(body['stream'])}", "stream")
     for name in _NUMBERS:
         v = body.get(name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise BadRequest(f"{name} must be a number, got {_kind(v)}", name)
+            raise BadRequest(f"{name} must be a number, got {kind(v)}", name)
     for name in _COUNTS:
         v = body.get(name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "seed" else 1)):
@@ -191,7 +197,7 @@ def _check_content(m: dict[str, Any], where: str, nullable: bool) -> None:
         return
     if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content):
         return
-    raise BadRequest(f"{where}.content must be a string or an array of content parts, got {_kind(content)}",
+    raise BadRequest(f"{where}.content must be a string or an array of content parts, got {kind(content)}",
                      f"{where}.content")
 
 
@@ -200,7 +206,7 @@ def _check_messages(messages: list[Any]) -> None:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise BadRequest(f"{where} must be an object, got {_kind(m)}", where)
+            raise BadRequest(f"{where} must be an object, got {kind(m)}", where)
         role = m.get("role")
         if role not in ROLES:
             raise BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}"[:300],

@@ -83,6 +83,8 @@ RUN_HEADER = "x-loopfence-run-id"  # (lower case) the run a request belongs to; 
 class FakeServer:
     """Scripted replies over real HTTP on 127.0.0.1. A context manager; `start()`/`close()` also work."""
 
+    ROUTE = "/chat/completions"  # the POST route it serves (a subclass serving another wire sets its own)
+
     def __init__(self, replies: Sequence[dict[str, Any]], *, port: int = 0, host: str = "127.0.0.1",
                  across_runs: bool = False) -> None:
         if not replies:
@@ -196,7 +198,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.unread = None  # a new request: the client read the reply before it
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        if not self.path.split("?")[0].rstrip("/").endswith("/chat/completions"):
+        if not self.path.split("?")[0].rstrip("/").endswith(self.fake.ROUTE):
             self._not_found()
             return
         try:
