@@ -88,30 +88,30 @@ def _chat_view(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "messages": messages}
 
 
-class AnthropicScripts(ScriptServer):
-    """The bench's scripts (ScriptServer), served on the Anthropic wire at `root` (POST /v1/messages)."""
+class _OnMessages:
+    """A FakeServer's replies served on the Anthropic wire at `root` (POST /v1/messages); `chat_view`:
+    the request as its chat scripts read it."""
 
     ROUTE = "/v1/messages"
+    chat_view = False
 
     @property
     def root(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://127.0.0.1:{self.port}"  # type: ignore[attr-defined]
 
     def _next(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        return _as_wire(super()._next(_chat_view(body), headers), body)
+        form = super()._next(_chat_view(body) if self.chat_view else body, headers)  # type: ignore[misc]
+        return _as_wire(form, body)
 
 
-class AnthropicReplies(ReplyServer):
-    """`reply(body)` (a chat reply form, or any FakeServer form) served on the Anthropic wire."""
+class AnthropicScripts(_OnMessages, ScriptServer):
+    """The bench's scripts (ScriptServer), on the Anthropic wire."""
 
-    ROUTE = "/v1/messages"
+    chat_view = True
 
-    @property
-    def root(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
-    def _next(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        return _as_wire(super()._next(body, headers), body)
+class AnthropicReplies(_OnMessages, ReplyServer):
+    """`reply(body)` (a chat reply form, or any FakeServer form), on the Anthropic wire."""
 
 
 def read_events(text: str) -> dict[str, Any]:
