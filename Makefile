@@ -89,6 +89,9 @@ AIDER_VERSION := 0.86.2
 AIDER_STAMP := $(AGENTS)-aider/.installed-$(AIDER_VERSION)
 OPENCODE_VERSION := 1.18.33
 OPENCODE_STAMP := $(AGENTS)-opencode/.installed-$(OPENCODE_VERSION)
+# Claude Code (npm), pinned: driven through the proxy's Anthropic wire (tests/test_proxy_claude_code.py)
+CLAUDE_CODE_VERSION := 2.1.328
+CLAUDE_CODE_STAMP := $(AGENTS)-claude/.installed-$(CLAUDE_CODE_VERSION)
 
 $(AIDER_STAMP):
 	$(PYTHON) -m venv $(AGENTS)-aider
@@ -101,7 +104,13 @@ $(OPENCODE_STAMP):
 	npm install --prefix $(AGENTS)-opencode --no-audit --no-fund --save-exact --loglevel=error "opencode-ai@$(OPENCODE_VERSION)"
 	touch $@
 
-agents: $(AGENTS_STAMP) $(AIDER_STAMP) $(OPENCODE_STAMP)
+$(CLAUDE_CODE_STAMP):
+	@command -v npm >/dev/null 2>&1 || { echo "npm missing: install node.js (the Claude Code tests fail under CI)"; exit 1; }
+	npm install --prefix $(AGENTS)-claude --no-audit --no-fund --save-exact --loglevel=error \
+	  "@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)"
+	touch $@
+
+agents: $(AGENTS_STAMP) $(AIDER_STAMP) $(OPENCODE_STAMP) $(CLAUDE_CODE_STAMP)
 
 # The proxy's TypeScript clients (tests/ts: an agent loop in plain fetch, the official openai Node SDK),
 # pinned by tests/ts/package-lock.json; tsx runs the .ts files on node 20 (no native TypeScript there).

@@ -36,7 +36,7 @@ from bench.scripts import HONEST, RUNAWAY  # noqa: E402
 
 __all__ = ["ROOT", "TS", "SCRIPTS", "Ended", "KINDS", "REASONS", "stops_at_the_minimum", "ScriptServer", "Proxy", "task", "kinds_file", "seed_workspace",
            "node_modules", "run_loop", "node_script", "logs_in", "reconciles", "replays", "first_json", "run_calls",
-           "ReplyServer", "reset_all"]
+           "ReplyServer", "reset_all", "ended", "built"]
 
 TS = ROOT / "tests" / "ts"
 SCRIPTS: dict[str, Script] = {s.name: s for s in RUNAWAY + HONEST}
@@ -149,6 +149,11 @@ class Proxy:
             self.kill()
             pytest.fail(f"loopfence proxy printed {self.line!r}, not its URL; stderr: {self.stderr()}")
         self.base_url = found.group(1)
+        assert self.proc.stdout is not None  # the address each kind of client takes: printed with the first
+        hint = self.proc.stdout.readline().decode("utf-8", "replace")
+        anthropic = re.search(r"ANTHROPIC_BASE_URL=(\S+?);", hint)
+        assert anthropic is not None, hint
+        self.anthropic_url = anthropic.group(1)  # as printed: what ANTHROPIC_BASE_URL is set to
 
     def _first_line(self) -> str:
         assert self.proc.stdout is not None
@@ -275,6 +280,16 @@ def reset_all(base_url: str, headers: dict[str, str] | None = None) -> list[dict
         assert r.status_code == 200, r.text
         out.append(r.json())
     return out
+
+
+def ended(base_url: str, logs: Path) -> list[Path]:
+    """The client is done: its runs end (the reset route); every log in `logs` reconciles and replays."""
+    reset_all(base_url)
+    found = logs_in(logs)
+    for log in found:
+        reconciles(log)
+        replays(log)
+    return found
 
 
 def run_calls(ws: Any, message: dict[str, Any], messages: list[dict[str, Any]]) -> int:

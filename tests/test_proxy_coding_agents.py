@@ -28,7 +28,7 @@ from loopfence.proxy import STOP_MARKER
 from loopfence.runlog import read_log
 from loopfence.testing import calls_reply, text_reply, tool_call
 
-from _proxy_support import ROOT, Proxy, ReplyServer, built, logs_in, reconciles, replays, reset_all
+from _proxy_support import ROOT, Proxy, ReplyServer, built, ended
 
 pytestmark = pytest.mark.timeout(600)
 OPENCODE = ROOT / "build" / "agents-opencode" / "node_modules" / ".bin" / "opencode"
@@ -57,16 +57,6 @@ def run_agent(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Com
                           capture_output=True, text=True, timeout=AGENT_S + 30)
     assert done.returncode == 0, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
     return done
-
-
-def ended(proxy: Proxy, logs: Path) -> list[Path]:
-    """The agent is done: its runs end (reset); every log reconciles and replays."""
-    reset_all(proxy.base_url)
-    found = logs_in(logs)
-    for log in found:
-        reconciles(log)
-        replays(log)
-    return found
 
 
 # ---------------------------------------------------------------------------- opencode
@@ -124,7 +114,7 @@ def test_opencode_with_titles_finishes_a_legitimate_five_step_task_untouched(tmp
         assert texts and texts[-1] == "The build needs steps 0, 1 and 2.", events[-3:]
         assert not any(STOP_MARKER in t for t in texts)
         assert up.main == len(steps) + 1 and up.titles == 1
-        found = ended(proxy, tmp_path / "logs")
+        found = ended(proxy.base_url, tmp_path / "logs")
     main = [read_log(p) for p in found if read_log(p).header.record["proxy"].get("session", "").startswith("ses_")]
     agent = [log for log in main if log.stop is not None and log.stop.ledger["tool_executions"]]
     assert len(main) == 2 and len(agent) == 1  # the title's run and the agent's, under one session
@@ -142,7 +132,7 @@ def test_opencode_runaway_stops_within_three_upstream_requests(tmp_path: Path) -
         texts = [e["part"]["text"] for e in events if e.get("type") == "text"]
         assert texts and texts[-1].startswith(STOP_MARKER), events[-3:]
         assert up.main <= 3, up.main
-        found = ended(proxy, tmp_path / "logs")
+        found = ended(proxy.base_url, tmp_path / "logs")
     stops = {str(read_log(p).stop.reason) for p in found if read_log(p).stop is not None}
     assert "repeated_call" in stops, stops
 
@@ -172,7 +162,7 @@ def test_aider_repeating_the_same_failing_edit_stops_within_six_requests(tmp_pat
                          work, isolated(home, LITELLM_LOCAL_MODEL_COST_MAP="True"))
         assert STOP_MARKER in done.stdout, done.stdout[-3000:]
         assert len(up.requests) <= 6, len(up.requests)
-        found = ended(proxy, tmp_path / "logs")
+        found = ended(proxy.base_url, tmp_path / "logs")
     assert len(found) == 1, found  # one run: named, or placed by its task and last answer
     if named:
         assert found[0].name == "calc-fix.jsonl"

@@ -46,7 +46,7 @@ ERROR_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "
 _STOP_REASONS = {"tool_use": "tool_calls", "end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
                  "pause_turn": "stop", "refusal": "stop"}
 _FINISH = {"tool_calls": "tool_use", "stop": "end_turn", "length": "max_tokens"}
-_ROLES = ("user", "assistant")
+_ROLES = ("user", "assistant", "system")  # Claude Code 2.1 sends system messages inside `messages` too
 
 
 def error(status: int, message: str) -> dict[str, Any]:
@@ -180,9 +180,12 @@ def _messages(raw: list[Any]) -> list[dict[str, Any]]:
             raise BadRequest(f"{where} must be an object, got {_kind(m)}", where)
         role = m.get("role")
         if role not in _ROLES:
-            raise BadRequest(f"{where}.role must be user or assistant, got {role!r}"[:200], f"{where}.role")
+            raise BadRequest(f"{where}.role must be user, assistant or system, got {role!r}"[:200], f"{where}.role")
         blocks = _blocks(m.get("content"), where)
         texts = [b["text"] for b in blocks if b["type"] == "text" and isinstance(b.get("text"), str)]
+        if role == "system":
+            out.append({"role": "system", "content": "\n".join(texts)})
+            continue
         if role == "assistant":
             calls = []
             for j, b in enumerate(blocks):

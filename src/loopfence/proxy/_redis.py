@@ -370,7 +370,7 @@ class RedisRuns(Runs):
         cand, n = self._candidate(named or session)
         known = "1" if named is not None and self.settings.logs is not None and \
             (self.settings.logs / f"{named}.jsonl").exists() else ""
-        model = self.upstream.model_name(incoming.model)
+        model = self.upstream.model_name(incoming.model, incoming.wire)
         pause = 0.005
         waited = ""  # "1" once told to wait for this same request in flight: its answer is ours, delivered or not
         while True:

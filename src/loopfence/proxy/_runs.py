@@ -475,7 +475,7 @@ class Runs:
         if polls:
             tools.append(fence.tool(TEXT_POLL, TEXT_ACTION_SCHEMA, about + "; its program is a poll (--kinds)"))
         system, task = opening(incoming.messages)
-        model = self.upstream.model_name(incoming.model)
+        model = self.upstream.model_name(incoming.model, incoming.wire)
         header = {"proxy": {"run": rid, "user_agent": user_agent, "upstream": self.upstream.describe(incoming.wire),
                             "on_stop": st.on_stop, "wire": incoming.wire or "chat",
                             **({"session": session} if session is not None else {}),

@@ -115,8 +115,9 @@ class Upstream:
             self._local = LocalModel()
         return self._local
 
-    def model_name(self, asked: str | None) -> str:
-        if self.url is None:
+    def model_name(self, asked: str | None, wire: str | None = None) -> str:
+        """The model a request of `wire` gets: the embedded one's, or the one it asked for."""
+        if self.url is None and not self.speaks(wire):
             return str(self.local().describe().get("model") or "embedded")
         return asked or "unknown"
 
