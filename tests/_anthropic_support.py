@@ -49,7 +49,14 @@ def events_text(msg: dict[str, Any], *, cut_in_tool_use: bool = False) -> str:
     out = [_event("message_start", {"message": {**msg, "content": [], "stop_reason": None,
                                                 "usage": {"input_tokens": msg["usage"]["input_tokens"], "output_tokens": 0}}})]
     for i, b in enumerate(msg["content"]):
-        if b["type"] == "text":
+        if b["type"] == "thinking":
+            out.append(_event("content_block_start", {"index": i, "content_block": {
+                "type": "thinking", "thinking": "", "signature": ""}}))
+            out.append(_event("content_block_delta", {"index": i, "delta": {"type": "thinking_delta",
+                                                                              "thinking": b["thinking"]}}))
+            out.append(_event("content_block_delta", {"index": i, "delta": {"type": "signature_delta",
+                                                                              "signature": b["signature"]}}))
+        elif b["type"] == "text":
             out.append(_event("content_block_start", {"index": i, "content_block": {"type": "text", "text": ""}}))
             out.append(_event("content_block_delta", {"index": i, "delta": {"type": "text_delta", "text": b["text"]}}))
         else:
@@ -136,6 +143,9 @@ def read_events(text: str) -> dict[str, Any]:
             delta = data["delta"]
             if delta["type"] == "text_delta":
                 blocks[data["index"]]["text"] += delta["text"]
+            elif delta["type"] in ("thinking_delta", "signature_delta"):
+                key = delta["type"].removesuffix("_delta")
+                blocks[data["index"]][key] += delta[key]
             else:
                 partial[data["index"]] = partial.get(data["index"], "") + delta["partial_json"]
         elif kind == "message_delta":

@@ -153,6 +153,29 @@ def test_messages_pass_through_untouched_but_for_the_cap_and_tool_results_count(
     reconciles(log)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_signed_thinking_blocks_come_back_to_the_client_as_they_came(tmp_path: Path, stream: bool) -> None:
+    """With thinking on, the upstream's thinking block (its signature too) reaches the client before
+    the text and the tool_use, so that the client can send it back, as the API wants."""
+    thought = {"type": "thinking", "thinking": "I should read a.py first.", "signature": "EqQBCkgIARABGAIiQ=="}
+    msg = {**to_messages(calls_reply(tool_call("read_file", {"path": "a.py"}, id="toolu_t"), content="Reading.")),
+           "id": "msg_t"}
+    msg["content"] = [thought, *msg["content"]]
+    served = {"sse": events_text(msg)} if stream else {"status": 200, "body": msg}
+    with AnthropicReplies(lambda body: served) as up, \
+            Proxy("--upstream", f"anthropic={up.root}", "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        r, got = post_messages(proxy.base_url.removesuffix("/v1"), {
+            "model": "m", "max_tokens": 2000, "stream": stream, "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "tools": [READ], "messages": [{"role": "user", "content": "read a.py"}]})
+        reset_all(proxy.base_url)
+    assert r.status_code == 200 and got["stop_reason"] == "tool_use"
+    assert [b["type"] for b in got["content"]] == ["thinking", "text", "tool_use"]
+    assert got["content"][0] == thought and got["content"][2]["id"] == "toolu_t"
+    log = next(tmp_path.glob("*.jsonl"))
+    reconciles(log)
+    replays(log)
+
+
 @pytest.mark.parametrize(("raw", "field"), [
     (b"not json", None),
     (json.dumps({"model": "m", "max_tokens": 10, "messages": "hi"}).encode(), "messages"),

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._stops import Stop, StopReason
 
-__all__ = ["Answer", "stop_text", "inert", "RUN_HEADER", "STOP_HEADER", "STOP_MARKER", "ZERO_USAGE", "sse"]
+__all__ = ["Answer", "stop_text", "inert", "WIRE_EXTRA", "RUN_HEADER", "STOP_HEADER", "STOP_MARKER", "ZERO_USAGE", "sse"]
 
 RUN_HEADER = "X-Loopfence-Run"
 STOP_HEADER = "X-Loopfence-Stop"
@@ -24,6 +24,9 @@ STOP_HEADER = "X-Loopfence-Stop"
 # answer") can tell a stop from a model's answer: `text.startswith(STOP_MARKER)`.
 STOP_MARKER = "[loopfence stop]"
 ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+# In a reply's raw body and its answer's message: what another wire's reader kept of the upstream's reply
+# beside the rules' reading (Anthropic's thinking blocks, signed), which goes back to the client as it came
+WIRE_EXTRA = "x_loopfence_wire"
 
 
 def stop_text(stop: Stop) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .._json import canonical_json, loads
@@ -28,12 +29,12 @@ from .._messages import Reply
 from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
 from ..models._errors import error_stop
-from ._answer import Answer, sse
+from ._answer import WIRE_EXTRA, Answer, sse
 from ._view import digests, marks, view
 from ._wire import MAX_MESSAGES, MAX_TOOLS, BadRequest, Incoming
 from ._wire import kind as _kind
 
-__all__ = ["NAME", "PATH", "ERROR_KINDS", "parse", "outgoing", "reader", "render", "stream_head", "stream_text",
+__all__ = ["NAME", "PATH", "Reader", "ERROR_KINDS", "parse", "outgoing", "reader", "render", "stream_head", "stream_text",
            "stream_tail", "error", "text_of_event"]
 
 NAME = "anthropic"
@@ -47,6 +48,7 @@ _STOP_REASONS = {"tool_use": "tool_calls", "end_turn": "stop", "stop_sequence": 
                  "pause_turn": "stop", "refusal": "stop"}
 _FINISH = {"tool_calls": "tool_use", "stop": "end_turn", "length": "max_tokens"}
 _ROLES = ("user", "assistant", "system")  # Claude Code 2.1 sends system messages inside `messages` too
+_THINKING = ("thinking", "redacted_thinking")
 
 
 def error(status: int, message: str) -> dict[str, Any]:
@@ -248,13 +250,14 @@ def _usage(u: Any, prompt: int | None = None) -> dict[str, int] | None:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-def _reply_json(obj: Any) -> Reply:
-    """A Messages response as the chat.completion the library reads."""
+def _reply_json(obj: Any, thinking: list[dict[str, Any]]) -> Reply:
+    """A Messages response as the chat.completion the library reads; its thinking blocks into `thinking`."""
     if not isinstance(obj, dict) or obj.get("type") == "error" or not isinstance(obj.get("content"), list):
         if isinstance(obj, dict) and obj.get("error"):
             raise error_stop(None, obj)
         return reply_from_response(obj)  # names what is wrong (no choices)
     texts, calls = [], []
+    thinking[:] = [b for b in obj["content"] if isinstance(b, dict) and b.get("type") in _THINKING]
     for b in obj["content"]:
         if not isinstance(b, dict):
             continue
@@ -277,10 +280,25 @@ def _reply_json(obj: Any) -> Reply:
     return reply_from_response(chat)
 
 
-def reader() -> tuple[Callable[[Any], Reply], Callable[[SSEEvent, StreamEnd], dict[str, Any] | None]]:
-    """(a response body -> Reply, an SSE event -> its chat.completion.chunk or None), the second with
-    the state of one stream (the prompt tokens `message_start` gave, each block's kind)."""
+@dataclass
+class Reader:
+    """How one upstream reply is read: `json` (a response body -> Reply), `event` (an SSE event -> its
+    chat.completion.chunk or None, with the state of one stream), and the reply's `thinking` blocks
+    (signatures and all), which go back to the client as they came (`WIRE_EXTRA`)."""
+
+    json: Callable[[Any], Reply]
+    event: Callable[[SSEEvent, StreamEnd], dict[str, Any] | None]
+    thinking: list[dict[str, Any]]
+
+    def extra(self) -> dict[str, Any] | None:
+        """What the answer carries back to the client beside the rules' reading (None: nothing)."""
+        return {"thinking": list(self.thinking)} if self.thinking else None
+
+
+def reader() -> Reader:
+    """A reader for one reply (see `Reader`)."""
     state: dict[str, Any] = {"prompt": 0, "blocks": {}}
+    thinking: list[dict[str, Any]] = []
 
     def event(ev: SSEEvent, end: StreamEnd) -> dict[str, Any] | None:
         data = ev.data
@@ -302,6 +320,7 @@ def reader() -> tuple[Callable[[Any], Reply], Callable[[SSEEvent, StreamEnd], di
             end.done = True
             return None
         if kind == "message_start":
+            thinking.clear()
             msg = obj.get("message") if isinstance(obj.get("message"), dict) else {}
             state["prompt"] = (_usage(msg.get("usage")) or {}).get("prompt_tokens", 0)
             return {"id": msg.get("id"), "model": msg.get("model"), "object": "chat.completion.chunk",
@@ -310,6 +329,10 @@ def reader() -> tuple[Callable[[Any], Reply], Callable[[SSEEvent, StreamEnd], di
         if kind == "content_block_start":
             block = obj.get("content_block") if isinstance(obj.get("content_block"), dict) else {}
             state["blocks"][index] = block.get("type")
+            if block.get("type") in _THINKING:
+                state["blocks"][index] = dict(block)
+                thinking.append(state["blocks"][index])
+                return None
             if block.get("type") == "tool_use":
                 return _chunk({"tool_calls": [{"index": index, "id": block.get("id") or "", "type": "function",
                                                 "function": {"name": block.get("name") or "", "arguments": ""}}]})
@@ -322,6 +345,10 @@ def reader() -> tuple[Callable[[Any], Reply], Callable[[SSEEvent, StreamEnd], di
                 return _chunk({"content": delta["text"]})
             if delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
                 return _chunk({"tool_calls": [{"index": index, "function": {"arguments": delta["partial_json"]}}]})
+            block = state["blocks"].get(index)
+            for key in ("thinking", "signature"):
+                if isinstance(block, dict) and delta.get("type") == f"{key}_delta" and isinstance(delta.get(key), str):
+                    block[key] = str(block.get(key) or "") + delta[key]
             return None
         if kind == "message_delta":
             delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
@@ -333,7 +360,7 @@ def reader() -> tuple[Callable[[Any], Reply], Callable[[SSEEvent, StreamEnd], di
             return chunk
         return None  # ping, content_block_stop, thinking and signature deltas
 
-    return _reply_json, event
+    return Reader(lambda obj: _reply_json(obj, thinking), event, thinking)
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -364,7 +391,8 @@ def _usage_out(answer: Answer) -> dict[str, int]:
 
 
 def _content(answer: Answer) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+    extra = answer.message.get(WIRE_EXTRA)
+    out: list[dict[str, Any]] = list(extra.get("thinking") or []) if isinstance(extra, dict) else []
     text = answer.message.get("content")
     if text:
         out.append({"type": "text", "text": text})
@@ -424,17 +452,29 @@ def stream_tail(answer: Answer, sent: str) -> list[bytes]:
     else:
         rest = content[len(sent):] if content.startswith(sent) else content
     index = 0
-    if rest or sent:
-        if rest:
-            out += stream_text(rest, not sent)
+    if sent:  # the text block streamed so far is block 0
+        out += stream_text(rest, False) if rest else []
         out.append(_event("content_block_stop", {"index": 0}))
         index = 1
     for block in _content(answer):
-        if block["type"] != "tool_use":
+        if block["type"] == "text" and not sent:
+            out += [_event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}}),
+                    _event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": rest}})]
+        elif block["type"] == "tool_use":
+            out.append(_event("content_block_start", {"index": index, "content_block": {**block, "input": {}}}))
+            out.append(_event("content_block_delta", {"index": index, "delta": {
+                "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}}))
+        elif block["type"] == "thinking" and not sent:
+            out.append(_event("content_block_start", {"index": index, "content_block": {
+                "type": "thinking", "thinking": "", "signature": ""}}))
+            out.append(_event("content_block_delta", {"index": index, "delta": {
+                "type": "thinking_delta", "thinking": block.get("thinking") or ""}}))
+            out.append(_event("content_block_delta", {"index": index, "delta": {
+                "type": "signature_delta", "signature": block.get("signature") or ""}}))
+        elif block["type"] == "redacted_thinking" and not sent:
+            out.append(_event("content_block_start", {"index": index, "content_block": block}))
+        else:
             continue
-        out.append(_event("content_block_start", {"index": index, "content_block": {**block, "input": {}}}))
-        out.append(_event("content_block_delta", {"index": index, "delta": {
-            "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}}))
         out.append(_event("content_block_stop", {"index": index}))
         index += 1
     out.append(_event("message_delta", {"delta": {"stop_reason": _stop_reason(answer), "stop_sequence": None},

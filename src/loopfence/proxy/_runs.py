@@ -60,7 +60,7 @@ from ..integrations._config import Fence
 from ..integrations._fence import FencedRun, FenceStop, versions
 from ..tools._executor import ToolResult
 from ..tools._registry import ToolKind
-from ._answer import Answer
+from ._answer import WIRE_EXTRA, Answer
 from ._upstream import Relay, Upstream
 from ._view import (TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, action_of, answer_digest, call_ids_in, flat,
                     program_of, task_marks, view)
@@ -635,6 +635,8 @@ class Runs:
         if calls:
             message["tool_calls"] = [c.to_wire() for c in calls]
         raw = reply.raw if isinstance(reply.raw, dict) else {}
+        if isinstance(raw.get(WIRE_EXTRA), dict):  # another wire's own parts of the reply (signed thinking)
+            message[WIRE_EXTRA] = raw[WIRE_EXTRA]
         usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else None
         if usage is None and reply.usage is not None:  # a streamed reply: its usage chunk, as read
             p, c = reply.usage.prompt_tokens or 0, reply.usage.completion_tokens or 0

@@ -11,6 +11,7 @@ not relayed: the proxy releases calls only once the reply is whole and checked.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from ..models._exchange import ON_STREAM_EVENT
 from ..models._openai import OpenAIModel
 from ..models._sse import SSEEvent
 from . import _anthropic
+from ._answer import WIRE_EXTRA
 from ._wire import Incoming
 
 __all__ = ["Upstream", "upstream_key", "wire_key", "WIRES"]
@@ -96,9 +98,15 @@ class Upstream:
         headers = {k: v for k, v in forward.items() if key is None or k not in ("x-api-key", "authorization")}
         if key is not None:
             headers["x-api-key"] = key
-        read_json, read_event = dialect.reader()
-        return await m.apost(body, url=self.wires[wire] + dialect.PATH, headers=headers, read_json=read_json,
-                             read_event=read_event, tools=tools, text=relay)
+        reader = dialect.reader()
+        thinks = isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "enabled"
+        reply = await m.apost(body, url=self.wires[wire] + dialect.PATH, headers=headers, read_json=reader.json,
+                              read_event=reader.event, tools=tools,
+                              text=None if thinks else relay)  # thinking comes first: the answer goes whole
+        extra = reader.extra()
+        if extra is not None and isinstance(reply.raw, dict):
+            reply = dataclasses.replace(reply, raw={**reply.raw, WIRE_EXTRA: extra})
+        return reply
 
     def _model(self, name: str | None, stream: bool) -> OpenAIModel:
         m = self._models.get((name, stream))
