@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loopfence.cli import cli
 from loopfence.proxy import STOP_MARKER
 from loopfence.runlog import read_log
 from loopfence.testing import calls_reply, text_reply, tool_call
@@ -60,6 +61,11 @@ def test_the_bench_legitimate_scripts_finish(wire: Any, script: Any, stream: boo
     assert read_log(log).stop is not None and read_log(log).stop.reason == "final_answer"
     reconciles(log)
     replays(log)
+    out = logs.parent / f"{ended.run}"
+    assert cli(["report", str(log), "-o", str(out) + ".html"]) == 0 and script.name in Path(str(out) + ".html").read_text()
+    assert cli(["export", "--format", "atif", str(log), "-o", str(out) + ".atif.json"]) == 0
+    steps = json.loads(Path(str(out) + ".atif.json").read_text())["steps"]
+    assert sum(len(st.get("tool_calls") or []) for st in steps) == ended.executions
 
 
 READ = {"name": "read_file", "description": "read a file", "input_schema": {
