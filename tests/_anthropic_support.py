@@ -11,7 +11,7 @@ import httpx
 
 from _proxy_support import Ended, ReplyServer, ScriptServer, task
 
-__all__ = ["to_messages", "events_text", "AnthropicScripts", "AnthropicReplies", "read_events", "converse",
+__all__ = ["OnWire", "to_messages", "events_text", "AnthropicScripts", "AnthropicReplies", "read_events", "converse",
            "post_messages"]
 
 
@@ -95,29 +95,33 @@ def _chat_view(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "messages": messages}
 
 
-class _OnMessages:
-    """A FakeServer's replies served on the Anthropic wire at `root` (POST /v1/messages); `chat_view`:
-    the request as its chat scripts read it."""
+class OnWire:
+    """A FakeServer's replies served on another wire at `root` (POST ROUTE): each reply form through
+    `as_wire(form, body)`; `chat_view`: the request given to the server's chat scripts as `as_chat`
+    reads it. This one: the Anthropic wire."""
 
     ROUTE = "/v1/messages"
+    SUFFIX = ""  # the root's path, as the wire's clients take it
     chat_view = False
+    as_wire = staticmethod(lambda form, body: _as_wire(form, body))
+    as_chat = staticmethod(lambda body: _chat_view(body))
 
     @property
     def root(self) -> str:
-        return f"http://127.0.0.1:{self.port}"  # type: ignore[attr-defined]
+        return f"http://127.0.0.1:{self.port}{self.SUFFIX}"  # type: ignore[attr-defined]
 
     def _next(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        form = super()._next(_chat_view(body) if self.chat_view else body, headers)  # type: ignore[misc]
-        return _as_wire(form, body)
+        form = super()._next(self.as_chat(body) if self.chat_view else body, headers)  # type: ignore[misc]
+        return self.as_wire(form, body)
 
 
-class AnthropicScripts(_OnMessages, ScriptServer):
+class AnthropicScripts(OnWire, ScriptServer):
     """The bench's scripts (ScriptServer), on the Anthropic wire."""
 
     chat_view = True
 
 
-class AnthropicReplies(_OnMessages, ReplyServer):
+class AnthropicReplies(OnWire, ReplyServer):
     """`reply(body)` (a chat reply form, or any FakeServer form), on the Anthropic wire."""
 
 

@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._json import loads
+from .._messages import Reply
 from .._stops import Stop, StopReason
+from ..models._sse import SSEEvent
+from ..models._stream import StreamEnd
 
-__all__ = ["Answer", "stop_text", "inert", "WIRE_EXTRA", "RUN_HEADER", "STOP_HEADER", "STOP_MARKER", "ZERO_USAGE", "sse"]
+__all__ = ["Answer", "Reader", "event_object", "chat_chunk", "stop_text", "inert", "WIRE_EXTRA", "RUN_HEADER", "STOP_HEADER", "STOP_MARKER", "ZERO_USAGE", "sse"]
 
 RUN_HEADER = "X-Loopfence-Run"
 STOP_HEADER = "X-Loopfence-Stop"
@@ -27,6 +32,38 @@ ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 # In a reply's raw body and its answer's message: what another wire's reader kept of the upstream's reply
 # beside the rules' reading (Anthropic's thinking blocks, signed), which goes back to the client as it came
 WIRE_EXTRA = "x_loopfence_wire"
+
+
+@dataclass(frozen=True)
+class Reader:
+    """How another wire reads one upstream reply: `json` (a response body -> Reply), `event` (an SSE
+    event -> its chat.completion.chunk or None, with the state of one stream), and `extra` (what the
+    answer carries back to the client beside the rules' reading, `WIRE_EXTRA`, or None)."""
+
+    json: Callable[[Any], Reply]
+    event: Callable[[SSEEvent, StreamEnd], dict[str, Any] | None]
+    extra: Callable[[], dict[str, Any] | None]
+
+
+def event_object(ev: SSEEvent, end: StreamEnd) -> dict[str, Any] | None:
+    """One SSE event of another wire's stream as a JSON object; None for a blank one, or (`end.problem`
+    set: the stream is over) for one that is not a JSON object."""
+    if not ev.data.strip():
+        return None
+    try:
+        obj = loads(ev.data)
+    except ValueError as exc:
+        end.problem = f"event {end.chunks + 1} is not valid JSON ({exc}): {ev.data[:80]!r}"
+        return None
+    if not isinstance(obj, dict):
+        end.problem = f"event {end.chunks + 1} is not a JSON object: {ev.data[:80]!r}"
+        return None
+    return obj
+
+
+def chat_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    """A chat.completion.chunk (what another wire's reader gives the library's stream assembler)."""
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
 def stop_text(stop: Stop) -> str:

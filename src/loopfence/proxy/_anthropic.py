@@ -18,23 +18,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from .._json import canonical_json, loads
+from .._json import canonical_json
 from .._messages import Reply
 from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
 from ..models._errors import error_stop
-from ._answer import WIRE_EXTRA, Answer, sse
-from ._view import digests, marks, view
-from ._wire import MAX_MESSAGES, MAX_TOOLS, BadRequest, Incoming
+from ._answer import WIRE_EXTRA, Answer, Reader, chat_chunk, event_object, sse
+from ._wire import MAX_MESSAGES, BadRequest, Incoming, read_as, tool_items
 from ._wire import kind as _kind
 
-__all__ = ["NAME", "PATH", "Reader", "ERROR_KINDS", "parse", "outgoing", "reader", "render", "stream_head", "stream_text",
+__all__ = ["NAME", "PATH", "auth", "relays", "ERROR_KINDS", "parse", "outgoing", "reader", "render", "stream_head", "stream_text",
            "stream_tail", "error", "text_of_event"]
 
 NAME = "anthropic"
@@ -79,13 +75,7 @@ def parse(body: Any) -> Incoming:
     params: dict[str, Any] = {"max_tokens": body.get("max_tokens")} if isinstance(body.get("max_tokens"), int) else {}
     if choice is not None:
         params["tool_choice"] = choice
-    whole = hashlib.sha256(canonical_json([NAME, {k: v for k, v in body.items() if k != "stream"}]).encode(
-        "utf-8", "surrogatepass")).hexdigest()[:32]
-    seen = view(messages)
-    conv, extends = digests(messages, seen)
-    opening, users, answers = marks(seen)
-    return Incoming(messages, tools, params, body.get("stream") is True, False, model, whole, conv, extends,
-                    opening=opening, users=users, answers=answers, wire=NAME, body=body)
+    return read_as(NAME, body, messages, tools, params, model=model)
 
 
 def _system(system: Any) -> list[dict[str, Any]]:
@@ -102,17 +92,8 @@ def _system(system: Any) -> list[dict[str, Any]]:
 def _tools(tools: Any) -> list[dict[str, Any]]:
     """The client tools as Chat Completions functions (server tools, with a `type` of their own and
     no `input_schema`, are outside the contract)."""
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise BadRequest(f"tools must be an array, got {_kind(tools)}", "tools")
-    if len(tools) > MAX_TOOLS:
-        raise BadRequest(f"too many tools: {len(tools)} (at most {MAX_TOOLS})", "tools")
     out, seen = [], set()
-    for i, t in enumerate(tools):
-        where = f"tools.{i}"
-        if not isinstance(t, dict):
-            raise BadRequest(f"{where} must be an object, got {_kind(t)}", where)
+    for where, t in tool_items(tools):
         if t.get("type") not in (None, "custom") and "input_schema" not in t:
             continue
         name, schema = t.get("name"), t.get("input_schema")
@@ -239,6 +220,17 @@ def outgoing(incoming: Incoming, note: str | None, max_tokens: int | None) -> di
     return body
 
 
+def auth(key: str) -> dict[str, str]:
+    """The header an upstream of this wire takes its key in."""
+    return {"x-api-key": key}
+
+
+def relays(body: dict[str, Any]) -> bool:
+    """Whether the answer's text may stream as it comes: not with thinking on (its blocks come first)."""
+    thinking = body.get("thinking")
+    return not (isinstance(thinking, dict) and thinking.get("type") == "enabled")
+
+
 # ---------------------------------------------------------------------------- the upstream's reply
 def _usage(u: Any, prompt: int | None = None) -> dict[str, int] | None:
     if not isinstance(u, dict):
@@ -280,37 +272,14 @@ def _reply_json(obj: Any, thinking: list[dict[str, Any]]) -> Reply:
     return reply_from_response(chat)
 
 
-@dataclass
-class Reader:
-    """How one upstream reply is read: `json` (a response body -> Reply), `event` (an SSE event -> its
-    chat.completion.chunk or None, with the state of one stream), and the reply's `thinking` blocks
-    (signatures and all), which go back to the client as they came (`WIRE_EXTRA`)."""
-
-    json: Callable[[Any], Reply]
-    event: Callable[[SSEEvent, StreamEnd], dict[str, Any] | None]
-    thinking: list[dict[str, Any]]
-
-    def extra(self) -> dict[str, Any] | None:
-        """What the answer carries back to the client beside the rules' reading (None: nothing)."""
-        return {"thinking": list(self.thinking)} if self.thinking else None
-
-
 def reader() -> Reader:
     """A reader for one reply (see `Reader`)."""
     state: dict[str, Any] = {"prompt": 0, "blocks": {}}
     thinking: list[dict[str, Any]] = []
 
     def event(ev: SSEEvent, end: StreamEnd) -> dict[str, Any] | None:
-        data = ev.data
-        if not data.strip():
-            return None
-        try:
-            obj = loads(data)
-        except ValueError as exc:
-            end.problem = f"event {end.chunks + 1} is not valid JSON ({exc}): {data[:80]!r}"
-            return None
-        if not isinstance(obj, dict):
-            end.problem = f"event {end.chunks + 1} is not a JSON object: {data[:80]!r}"
+        obj = event_object(ev, end)
+        if obj is None:
             return None
         kind = obj.get("type") or ev.event
         if kind == "error" or obj.get("error"):
@@ -334,17 +303,17 @@ def reader() -> Reader:
                 thinking.append(state["blocks"][index])
                 return None
             if block.get("type") == "tool_use":
-                return _chunk({"tool_calls": [{"index": index, "id": block.get("id") or "", "type": "function",
+                return chat_chunk({"tool_calls": [{"index": index, "id": block.get("id") or "", "type": "function",
                                                 "function": {"name": block.get("name") or "", "arguments": ""}}]})
             if block.get("type") == "text" and block.get("text"):
-                return _chunk({"content": block["text"]})
+                return chat_chunk({"content": block["text"]})
             return None
         if kind == "content_block_delta":
             delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
             if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
-                return _chunk({"content": delta["text"]})
+                return chat_chunk({"content": delta["text"]})
             if delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
-                return _chunk({"tool_calls": [{"index": index, "function": {"arguments": delta["partial_json"]}}]})
+                return chat_chunk({"tool_calls": [{"index": index, "function": {"arguments": delta["partial_json"]}}]})
             block = state["blocks"].get(index)
             for key in ("thinking", "signature"):
                 if isinstance(block, dict) and delta.get("type") == f"{key}_delta" and isinstance(delta.get(key), str):
@@ -353,18 +322,14 @@ def reader() -> Reader:
         if kind == "message_delta":
             delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
             reason = delta.get("stop_reason")
-            chunk = _chunk({}, _STOP_REASONS.get(str(reason), "stop") if reason else None)
+            chunk = chat_chunk({}, _STOP_REASONS.get(str(reason), "stop") if reason else None)
             usage = _usage(obj.get("usage"), state["prompt"])
             if usage is not None:
                 chunk["usage"] = usage
             return chunk
         return None  # ping, content_block_stop, thinking and signature deltas
 
-    return Reader(lambda obj: _reply_json(obj, thinking), event, thinking)
-
-
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return Reader(lambda obj: _reply_json(obj, thinking), event, lambda: {"thinking": list(thinking)} if thinking else None)
 
 
 def text_of_event(ev: SSEEvent) -> str:
@@ -432,7 +397,7 @@ def stream_head(answer: Answer) -> list[bytes]:
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})]
 
 
-def stream_text(text: str, first: bool) -> list[bytes]:
+def stream_text(text: str, first: bool, answer: Answer | None = None) -> list[bytes]:
     """A piece of the answer's text as it arrives; the first opens the text block (index 0)."""
     out = [_event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})] if first else []
     return out + [_event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})]

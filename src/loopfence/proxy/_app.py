@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._json import loads
-from . import _anthropic
+from . import _anthropic, _responses
 from ._answer import RUN_HEADER, Answer, sse
 from ._runs import RUN_ID, Runs
 from ._wire import BadRequest, Incoming, parse
@@ -119,6 +119,9 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
 
     async def messages(request: Request) -> Response:
         return await serve_wire(request, _anthropic)
+
+    async def responses(request: Request) -> Response:
+        return await serve_wire(request, _responses)
 
     async def serve_wire(request: Request, dialect: Any) -> Response:
         """One request of a wire (`dialect`: its translating module; None: Chat Completions)."""
@@ -261,6 +264,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         Route("/run/{name}/v1/chat/completions", completions, methods=["POST"]),
         Route("/run/{name}/v1/models", models, methods=["GET"]),
         Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/run/{name}/v1/responses", responses, methods=["POST"]),
         Route("/run/{name}/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/run/{name}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
@@ -271,7 +276,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     ])
 
 
-SERVED = ("POST /v1/chat/completions, GET /v1/models, POST /v1/messages (Anthropic), "
+SERVED = ("POST /v1/chat/completions, GET /v1/models, POST /v1/responses, POST /v1/messages (Anthropic), "
           "POST /v1/messages/count_tokens (each also under /run/NAME, naming the run), "
           "GET /loopfence/runs, GET /loopfence/runs/{id}, POST /loopfence/runs/{id}/reset")
 
@@ -306,7 +311,7 @@ async def _relayed(first: str, queue: asyncio.Queue[str | None], task: asyncio.T
             yield part
     while item is not None:
         if dialect is not None:
-            for part in dialect.stream_text(item, not sent):
+            for part in dialect.stream_text(item, not sent, head):
                 yield part
         else:
             yield sse(head.chunk({"role": "assistant", "content": item} if not sent else {"content": item}))

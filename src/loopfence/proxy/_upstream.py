@@ -26,13 +26,13 @@ from .._messages import Reply, Request
 from ..models._exchange import ON_STREAM_EVENT
 from ..models._openai import OpenAIModel
 from ..models._sse import SSEEvent
-from . import _anthropic
+from . import _anthropic, _responses
 from ._answer import WIRE_EXTRA
 from ._wire import Incoming
 
 __all__ = ["Upstream", "upstream_key", "wire_key", "WIRES"]
 
-DIALECTS = {_anthropic.NAME: _anthropic}  # the wires besides Chat Completions, each one translating module
+DIALECTS = {_anthropic.NAME: _anthropic, _responses.NAME: _responses}  # the wires besides Chat Completions, each one translating module
 WIRES = tuple(DIALECTS)  # the names `--upstream NAME=URL` takes
 
 Relay = Callable[[str], None]
@@ -44,7 +44,10 @@ def upstream_key() -> str | None:
 
 
 def wire_key(wire: str) -> str | None:
-    """The key of a wire's own upstream: LOOPFENCE_ANTHROPIC_KEY, else ANTHROPIC_API_KEY."""
+    """The key of a wire's own upstream: LOOPFENCE_ANTHROPIC_KEY, else ANTHROPIC_API_KEY (the Responses
+    wire: LOOPFENCE_RESPONSES_KEY, else the Chat Completions upstream's key)."""
+    if wire == "responses":
+        return os.environ.get("LOOPFENCE_RESPONSES_KEY") or upstream_key()
     return os.environ.get(f"LOOPFENCE_{wire.upper()}_KEY") or os.environ.get(f"{wire.upper()}_API_KEY") or None
 
 
@@ -75,6 +78,16 @@ class Upstream:
             return str(OpenAIModel(self.wires[wire]).describe()["base_url"])
         return str(self._where)
 
+    @staticmethod
+    def _headers(wire: str, forward: dict[str, str]) -> dict[str, str]:
+        """The headers a request of `wire` goes upstream with: the client's (its key only where the
+        proxy has none for that upstream), and the proxy's key in the wire's own header."""
+        key = wire_key(wire)
+        if key is None:
+            return forward
+        return {**{k: v for k, v in forward.items() if k not in ("x-api-key", "authorization")},
+                **DIALECTS[wire].auth(key)}
+
     def speaks(self, wire: str | None) -> bool:
         """Whether requests of `wire` go to an upstream of their own wire (else: translated)."""
         return wire is not None and wire in self.wires
@@ -88,21 +101,16 @@ class Upstream:
         dialect = DIALECTS[wire]
         body = dialect.outgoing(incoming, note, max_tokens)
         tools = tuple(t["function"]["name"] for t in incoming.tools)
-        forward = dict(incoming.forward)
+        headers = self._headers(wire, dict(incoming.forward))
         stream = body.get("stream") is True
         m = self._wire_models.get((wire, stream))
         if m is None:
             m = self._wire_models[(wire, stream)] = OpenAIModel(self.wires[wire], stream=stream, tool_choice=None,
                                                                 transport=self._transport)
-        key = wire_key(wire)
-        headers = {k: v for k, v in forward.items() if key is None or k not in ("x-api-key", "authorization")}
-        if key is not None:
-            headers["x-api-key"] = key
         reader = dialect.reader()
-        thinks = isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "enabled"
         reply = await m.apost(body, url=self.wires[wire] + dialect.PATH, headers=headers, read_json=reader.json,
                               read_event=reader.event, tools=tools,
-                              text=None if thinks else relay)  # thinking comes first: the answer goes whole
+                              text=relay if dialect.relays(body) else None)  # else the answer goes whole
         extra = reader.extra()
         if extra is not None and isinstance(reply.raw, dict):
             reply = dataclasses.replace(reply, raw={**reply.raw, WIRE_EXTRA: extra})
@@ -148,10 +156,7 @@ class Upstream:
         if wire not in self.wires:
             text = canonical_json(body)
             return 200, {"input_tokens": TokenEstimator().estimate(text_units(text))}
-        key = wire_key(wire)
-        headers = {k: v for k, v in forward.items() if key is None or k not in ("x-api-key", "authorization")}
-        if key is not None:
-            headers["x-api-key"] = key
+        headers = self._headers(wire, forward)
         try:
             async with httpx.AsyncClient(transport=self._transport, timeout=30.0) as client:
                 resp = await client.post(self.wires[wire] + path, json=body, headers=headers)

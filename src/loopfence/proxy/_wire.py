@@ -17,7 +17,7 @@ from typing import Any
 from .._json import canonical_json
 from ._view import digests, marks, view
 
-__all__ = ["BadRequest", "Incoming", "parse", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
+__all__ = ["BadRequest", "Incoming", "parse", "read_as", "tool_items", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
 MAX_MESSAGES = 4096  # a conversation longer than this is refused (no agent loop gets near it)
 MAX_TOOLS = 512
@@ -119,16 +119,41 @@ def parse(body: Any) -> Incoming:
     if options is not None and not isinstance(options, dict):
         raise BadRequest(f"stream_options must be an object, got {kind(options)}", "stream_options")
     params = {k: v for k, v in body.items() if k not in ("messages", "tools", "stream", "stream_options")}
-    whole = hashlib.sha256(canonical_json(
-        {k: v for k, v in body.items() if k not in ("stream", "stream_options")}).encode(
-        "utf-8", "surrogatepass")).hexdigest()[:32]
     model = body.get("model")
+    return read_as(None, body, messages, tools, params, bool(options and options.get("include_usage")),
+                   model if isinstance(model, str) else None)
+
+
+def tool_items(tools: Any, at: str = "tools.{}") -> list[tuple[str, dict[str, Any]]]:
+    """Another wire's `tools`, checked as an array of at most MAX_TOOLS objects: (where each is, it)."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise BadRequest(f"tools must be an array, got {kind(tools)}", "tools")
+    if len(tools) > MAX_TOOLS:
+        raise BadRequest(f"too many tools: {len(tools)} (at most {MAX_TOOLS})", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        where = at.format(i)
+        if not isinstance(t, dict):
+            raise BadRequest(f"{where} must be an object, got {kind(t)}", where)
+        out.append((where, t))
+    return out
+
+
+def read_as(wire: str | None, body: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+            params: dict[str, Any], include_usage: bool = False, model: str | None = None) -> Incoming:
+    """A request of `wire` (None: Chat Completions) read as Chat Completions (`messages`, `tools`,
+    `params`), with its digests: the request's own (`whole`, the body but for how it streams) and
+    its view's (`_view`)."""
+    kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    whole = hashlib.sha256(canonical_json(kept if wire is None else [wire, kept]).encode(
+        "utf-8", "surrogatepass")).hexdigest()[:32]
     seen = view(messages)
     conv, extends = digests(messages, seen)
     opening, users, answers = marks(seen)
-    return Incoming(messages, tools, params, body.get("stream") is True,
-                    bool(options and options.get("include_usage")), model if isinstance(model, str) else None,
-                    whole, conv, extends, opening=opening, users=users, answers=answers)
+    return Incoming(messages, tools, params, body.get("stream") is True, include_usage, model, whole, conv, extends,
+                    opening=opening, users=users, answers=answers, wire=wire, body=None if wire is None else body)
 
 
 def kind(v: Any) -> str:

@@ -1,0 +1,140 @@
+"""The OpenAI Responses wire (issue 56): `POST /v1/responses` through `loopfence proxy`, a real process,
+in front of a real upstream on 127.0.0.1 that speaks the same wire, streamed and not: the bench's
+scripts over raw HTTP (the whole input each turn, `store: false`, as Codex sends it), a stream cut
+inside a function call, the stop's shape, hostile input in OpenAI's error shape, never forwarded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loopfence.proxy import STOP_MARKER
+from loopfence.runlog import read_log
+from loopfence.testing import calls_reply, text_reply, tool_call
+
+from _proxy_support import HONEST, RUNAWAY, Proxy, kinds_file, reconciles, replays, reset_all, stops_at_the_minimum
+from _responses_support import ResponsesReplies, ResponsesScripts, converse, post_responses, response_events, to_response
+from bench.common import Workspace
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def wire(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("responses")
+    with ResponsesScripts() as up, Proxy("--upstream", f"responses={up.root}", "--logs", str(tmp / "logs"),
+                                          "--kinds", str(kinds_file(tmp)), stderr=tmp / "err") as proxy:
+        yield up, proxy, tmp / "logs"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("script", RUNAWAY + HONEST, ids=lambda s: s.name)
+def test_the_bench_scripts_over_the_responses_wire(wire: Any, script: Any, stream: bool) -> None:
+    up, proxy, logs = wire
+    with Workspace() as ws:
+        ended = converse(proxy.base_url, script.name, ws, tag=f"r-{stream}", stream=stream)
+    log = logs / f"{ended.run}.jsonl"
+    if script in RUNAWAY:
+        assert ended.stop is not None and ended.answer is not None and ended.answer.startswith(STOP_MARKER)
+        stops_at_the_minimum(script.name, ended.executions, ended.stop)
+    else:
+        assert ended.stop is None and ended.answer and not ended.answer.startswith(STOP_MARKER), ended
+        assert read_log(log).stop is not None and read_log(log).stop.reason == "final_answer"
+    reconciles(log)
+    replays(log)
+    assert read_log(log).header.record["proxy"]["wire"] == "responses"
+
+
+EXEC = {"type": "function", "name": "exec_command", "parameters": {
+    "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+OTHERS = [{"type": "web_search"}, {"type": "custom", "name": "apply_patch", "description": "a patch"}]
+
+
+def test_a_stream_cut_inside_a_function_call_is_incomplete_stream(tmp_path: Path) -> None:
+    cut = {"sse": response_events(to_response(calls_reply(tool_call("exec_command", {"cmd": "ls"}, id="call_1"))),
+                                  cut_in_call=True)}
+    with ResponsesReplies(lambda body: cut) as up, \
+            Proxy("--upstream", f"responses={up.root}", "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        r, resp = post_responses(proxy.base_url, {"model": "m", "stream": True, "tools": [EXEC, *OTHERS],
+                                                  "input": "list the files"})
+    assert r.headers["x-loopfence-stop"] == "incomplete_stream"
+    assert [it["type"] for it in resp["output"]] == ["message"]
+    assert resp["output"][0]["content"][0]["text"].startswith(STOP_MARKER)
+    assert resp["events"][0] == "response.created" and resp["events"][-1] == "response.completed"
+
+
+def test_a_stop_is_a_message_then_completed_and_error_mode_is_openais_400(tmp_path: Path) -> None:
+    again = calls_reply(tool_call("exec_command", {"cmd": "cat status"}, id="call_x"))
+    for mode in ("answer", "error"):
+        with ResponsesReplies(lambda body: again) as up, \
+                Proxy("--upstream", f"responses={up.root}", "--logs", str(tmp_path / mode), "--on-stop", mode,
+                      stderr=tmp_path / "err") as proxy:
+            items: list[dict[str, Any]] = [{"role": "user", "content": f"wait for status ({mode})"},
+                                           {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e=="}]
+            for turn in range(5):
+                r, resp = post_responses(proxy.base_url, {"model": "m", "tools": [EXEC, *OTHERS], "input": items,
+                                                          "stream": turn % 2 == 1, "store": False})
+                if "x-loopfence-stop" in r.headers:
+                    break
+                call = next(it for it in resp["output"] if it["type"] == "function_call")
+                items += [call, {"type": "function_call_output", "call_id": call["call_id"], "output": "pending"}]
+            assert r.headers["x-loopfence-stop"] == "repeated_call" and len(up.requests) == 3
+            assert up.requests[1]["input"][1] == {"type": "reasoning", "id": "rs_1", "summary": [],
+                                                  "encrypted_content": "e=="}  # passed on untouched
+            if mode == "answer":
+                assert r.status_code == 200 and [it["type"] for it in resp["output"]] == ["message"]
+                assert resp["output"][0]["content"][0]["text"].startswith(STOP_MARKER) and resp["status"] == "completed"
+            else:
+                assert r.status_code == 400 and resp["error"]["type"] == "loopfence_stop"
+                assert resp["error"]["code"] == "repeated_call" and STOP_MARKER in resp["error"]["message"]
+            reset_all(proxy.base_url)
+        for log in (tmp_path / mode).glob("*.jsonl"):
+            reconciles(log)
+
+
+def test_max_output_tokens_is_capped_and_a_custom_tool_call_is_no_unknown_tool(tmp_path: Path) -> None:
+    patch = {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_p", "name": "apply_patch",
+             "input": "*** Begin Patch\n*** End Patch"}
+    served = [{"status": 200, "body": {"id": "resp_1", "object": "response", "status": "completed", "model": "m",
+                                       "output": [patch], "usage": {"input_tokens": 9, "output_tokens": 3}}},
+              {"status": 200, "body": to_response(text_reply("patched"))}]
+    with ResponsesReplies(lambda body: served[min(len(body["input"]) - 1, 1)]) as up, \
+            Proxy("--upstream", f"responses={up.root}", "--logs", str(tmp_path), "--limit", "max_tokens_per_request=300",
+                  stderr=tmp_path / "err") as proxy:
+        r1, resp1 = post_responses(proxy.base_url, {"model": "m", "max_output_tokens": 9000, "tools": [EXEC, *OTHERS],
+                                                    "input": [{"role": "user", "content": "patch it"}]})
+        assert r1.status_code == 200 and "x-loopfence-stop" not in r1.headers, resp1
+        r2, resp2 = post_responses(proxy.base_url, {"model": "m", "tools": [EXEC, *OTHERS], "input": [
+            {"role": "user", "content": "patch it"}, patch,
+            {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Done!"}]})
+    assert up.requests[0]["max_output_tokens"] == 300 and up.requests[0]["tools"][1] == {"type": "web_search"}
+    assert r2.status_code == 200 and resp2["output"][0]["content"][0]["text"] == "patched"
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    (b"not json", None),
+    (json.dumps({"model": "m", "input": 5}).encode(), "input"),
+    (json.dumps({"input": "hi"}).encode(), "model"),
+    (json.dumps({"model": "m", "input": "hi", "max_output_tokens": "9"}).encode(), "max_output_tokens"),
+    (json.dumps({"model": "m", "input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}).encode(),
+     "call_id"),
+    (json.dumps({"model": "m", "input": "hi", "tools": [{"type": "function"}]}).encode(), "name"),
+    (b"[" * 100_000 + b"]" * 100_000, None),
+    (json.dumps({"model": "m", "input": "x" * (17 << 20)}).encode(), None),
+])
+def test_hostile_input_gets_openais_error_shape_and_is_never_forwarded(tmp_path: Path, raw: bytes,
+                                                                       field: str | None) -> None:
+    with ResponsesReplies(lambda body: text_reply("never")) as up, \
+            Proxy("--upstream", f"responses={up.root}", "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        r = httpx.post(f"{proxy.base_url}/responses", content=raw, headers={"content-type": "application/json"},
+                       timeout=60)
+    assert r.status_code in (400, 413), r.text
+    body = r.json()
+    assert set(body) == {"error"} and body["error"]["type"] == "invalid_request_error"
+    if field is not None:
+        assert field in body["error"]["message"], body
+    assert up.requests == []
