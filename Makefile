@@ -92,6 +92,9 @@ OPENCODE_STAMP := $(AGENTS)-opencode/.installed-$(OPENCODE_VERSION)
 # Claude Code (npm), pinned: driven through the proxy's Anthropic wire (tests/test_proxy_claude_code.py)
 CLAUDE_CODE_VERSION := 2.1.328
 CLAUDE_CODE_STAMP := $(AGENTS)-claude/.installed-$(CLAUDE_CODE_VERSION)
+# Codex CLI (npm), pinned: driven through the proxy's Responses wire (tests/test_proxy_codex.py)
+CODEX_VERSION := 0.169.0
+CODEX_STAMP := $(AGENTS)-codex/.installed-$(CODEX_VERSION)
 
 $(AIDER_STAMP):
 	$(PYTHON) -m venv $(AGENTS)-aider
@@ -110,7 +113,12 @@ $(CLAUDE_CODE_STAMP):
 	  "@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)"
 	touch $@
 
-agents: $(AGENTS_STAMP) $(AIDER_STAMP) $(OPENCODE_STAMP) $(CLAUDE_CODE_STAMP)
+$(CODEX_STAMP):
+	@command -v npm >/dev/null 2>&1 || { echo "npm missing: install node.js (the Codex tests fail under CI)"; exit 1; }
+	npm install --prefix $(AGENTS)-codex --no-audit --no-fund --save-exact --loglevel=error "@openai/codex@$(CODEX_VERSION)"
+	touch $@
+
+agents: $(AGENTS_STAMP) $(AIDER_STAMP) $(OPENCODE_STAMP) $(CLAUDE_CODE_STAMP) $(CODEX_STAMP)
 
 # The proxy's TypeScript clients (tests/ts: an agent loop in plain fetch, the official openai Node SDK),
 # pinned by tests/ts/package-lock.json; tsx runs the .ts files on node 20 (no native TypeScript there).

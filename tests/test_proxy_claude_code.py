@@ -106,11 +106,18 @@ def test_claude_code_legitimate_task_finishes_untouched_with_no_limit_flags(tmp_
         assert out["result"] == answer and out["is_error"] is False, out
         assert up.main == len(steps) + 1
         found = ended(proxy.base_url, tmp_path / "logs")
+    agent = fixed(work, found, len(steps))
+    assert agent.stop.ledger["prompt_tokens"] > 60_000  # past the defaults: the coding profile let it finish
+
+
+def fixed(work: Path, found: list[Path], executions: int) -> Any:
+    """The repo's calc.py fixed, and the agent's one run (its log) finished with `executions` calls
+    run, the test last, for real."""
     assert (work / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
     agent = [read_log(p) for p in found if read_log(p).stop is not None and read_log(p).stop.ledger["tool_executions"]]
     assert len(agent) == 1 and agent[0].stop.reason == "final_answer"
-    assert agent[0].stop.ledger["tool_executions"] == len(steps)
-    assert agent[0].stop.ledger["prompt_tokens"] > 60_000  # past the defaults: the coding profile let it finish
+    assert agent[0].stop.ledger["tool_executions"] == executions
     results = [r.content for r in agent[0].of("result") if r.decision == "executed"]
     assert "ok" in results[-1]  # the test ran for real, after the edit
+    return agent[0]
 

@@ -138,3 +138,46 @@ def test_hostile_input_gets_openais_error_shape_and_is_never_forwarded(tmp_path:
     if field is not None:
         assert field in body["error"]["message"], body
     assert up.requests == []
+
+
+@pytest.mark.parametrize(("name", "reason"), [("ok_forever", "repeated_result"), ("paging_5", "ship"),
+                                              ("polling_8", "ship")])  # the scripts whose calls fit its strict schemas
+def test_the_agents_sdk_default_responses_model(wire: Any, name: str, reason: str | None) -> None:
+    """The OpenAI Agents SDK with its default model (Responses), pointed at the proxy by its default
+    client: a runaway stops at the rules' minimum, a legitimate run finishes."""
+    import asyncio
+
+    import openai
+
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)  # its exporter would call the OpenAI platform (loopback only here)
+    up, proxy, logs = wire
+    from agents.models import _openai_shared as shared  # the SDK's defaults: put back after the test
+
+    was = shared.get_default_openai_client(), shared.get_use_responses_by_default()
+    agents.set_default_openai_client(openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-client"),
+                                     use_for_tracing=False)
+    agents.set_default_openai_api("responses")
+    before = set(logs.glob("*.jsonl"))
+    try:
+        with Workspace() as ws:
+            agent = agents.Agent(name="proxy", instructions="Use the tools.", model="fake",
+                                 tools=[agents.function_tool(fn) for fn in ws.tools.values()])
+            output = str(asyncio.run(agents.Runner.run(agent, f"Run the bench script {name}. sdk",
+                                                       max_turns=50)).final_output)
+            executions = ws.executions
+    finally:
+        shared.set_default_openai_client(was[0])
+        shared.set_use_responses_by_default(was[1])
+    new = set(logs.glob("*.jsonl")) - before
+    assert len(new) == 1, new
+    log = new.pop()
+    if reason == "ship":
+        script = next(s for s in HONEST if s.name == name)
+        assert output == script.turn(executions) and read_log(log).stop.reason == "final_answer"
+    else:
+        stop = read_log(log).stop
+        assert stop is not None and output.startswith(STOP_MARKER)
+        stops_at_the_minimum(name, executions, str(stop.reason))
+    reconciles(log)
+    replays(log)
