@@ -181,3 +181,32 @@ def test_the_agents_sdk_default_responses_model(wire: Any, name: str, reason: st
         stops_at_the_minimum(name, executions, str(stop.reason))
     reconciles(log)
     replays(log)
+
+
+def test_previous_response_id_continues_the_run_its_response_belongs_to(tmp_path: Path) -> None:
+    """A client that keeps its conversation on the server sends only the new items and names the
+    response it follows: that response's run goes on (its repetition counts with it), and the id it
+    names is the upstream's own, so the upstream finds its state too."""
+    made = []
+
+    def reply(body: dict[str, Any]) -> dict[str, Any]:
+        resp = {**to_response(calls_reply(tool_call("exec_command", {"cmd": "cat status"}, id=f"call_{len(made)}"))),
+                "id": f"resp_{len(made)}"}
+        made.append(body)
+        return {"status": 200, "body": resp}
+
+    with ResponsesReplies(reply) as up, \
+            Proxy("--upstream", f"responses={up.root}", "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        r, resp = post_responses(proxy.base_url, {"model": "m", "tools": [EXEC], "input": "wait for status"})
+        seen = [r]
+        for _ in range(3):
+            call = next(it for it in resp["output"] if it["type"] == "function_call")
+            r, resp = post_responses(proxy.base_url, {"model": "m", "tools": [EXEC], "previous_response_id": resp["id"],
+                                                      "input": [{"type": "function_call_output", "call_id": call["call_id"],
+                                                                 "output": "pending"}]})
+            seen.append(r)
+            if "x-loopfence-stop" in r.headers:
+                break
+    assert [m.get("previous_response_id") for m in made] == [None, "resp_0", "resp_1"]  # the upstream's own ids
+    assert len({r.headers["x-loopfence-run"] for r in seen}) == 1
+    assert seen[-1].headers.get("x-loopfence-stop") == "repeated_call" and len(seen) == 3

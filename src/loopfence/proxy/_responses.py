@@ -22,6 +22,7 @@ own `input` is all it reads (docs/proxy.md).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from typing import Any
@@ -35,7 +36,7 @@ from ._answer import WIRE_EXTRA, Answer, Reader, chat_chunk, event_object, sse
 from ._wire import MAX_MESSAGES, BadRequest, Incoming, read_as, tool_items
 from ._wire import kind as _kind
 
-__all__ = ["NAME", "PATH", "auth", "parse", "outgoing", "reader", "relays", "render", "stream_head", "stream_text",
+__all__ = ["NAME", "PATH", "answer_id", "auth", "parse", "outgoing", "reader", "relays", "render", "stream_head", "stream_text",
            "stream_tail", "error"]
 
 NAME = "responses"
@@ -83,7 +84,10 @@ def parse(body: Any) -> Incoming:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise BadRequest(f"instructions must be a string, got {_kind(instructions)}", "instructions")
-    messages = ([{"role": "system", "content": instructions}] if instructions else []) + _items(raw)
+    follows = body.get("previous_response_id")
+    if follows is not None and not isinstance(follows, str):
+        raise BadRequest(f"previous_response_id must be a string, got {_kind(follows)}", "previous_response_id")
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) + _items(raw, follows is None)
     if not messages:
         raise BadRequest("input has no message, call or call output", "input")
     params: dict[str, Any] = {"max_tokens": cap} if isinstance(cap, int) else {}
@@ -91,7 +95,7 @@ def parse(body: Any) -> Incoming:
     if choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function"):
         params["tool_choice"] = "required" if choice == "required" else \
             {"type": "function", "function": {"name": str(choice.get("name"))}}
-    return read_as(NAME, body, messages, tools, params, model=model)
+    return dataclasses.replace(read_as(NAME, body, messages, tools, params, model=model), follows=follows)
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
@@ -128,8 +132,10 @@ def _text(content: Any, where: str) -> str:
                      f"{where}.content")
 
 
-def _items(raw: list[Any]) -> list[dict[str, Any]]:
-    """The input items as Chat Completions messages; consecutive calls are one assistant message."""
+def _items(raw: list[Any], whole: bool = True) -> list[dict[str, Any]]:
+    """The input items as Chat Completions messages; consecutive calls are one assistant message.
+    `whole`: the input holds the conversation (no previous_response_id), so a call output must
+    answer a call before it."""
     out: list[dict[str, Any]] = []
     open_calls: set[str] = set()
     for i, item in enumerate(raw):
@@ -160,7 +166,7 @@ def _items(raw: list[Any]) -> list[dict[str, Any]]:
             open_calls.add(cid)
         elif kind in _OUTPUTS:
             cid = item.get("call_id")
-            if not isinstance(cid, str) or cid not in open_calls:
+            if not isinstance(cid, str) or (whole and cid not in open_calls):
                 raise BadRequest(f"{where}.call_id {cid!r} answers no call before it (or answers it twice)"[:300],
                                  f"{where}.call_id")
             open_calls.discard(cid)
@@ -212,13 +218,22 @@ def _is_call(item: Any) -> bool:
     return isinstance(item, dict) and (item.get("type") == "function_call" or item.get("type") in _OTHER_CALLS)
 
 
-def _reply_json(obj: Any, kept: list[dict[str, Any]]) -> Reply:
+def answer_id(answer: Answer) -> str:
+    """The id the client gets for an answer (the upstream's own, for a request it answered: the id a
+    later previous_response_id names, there and here)."""
+    extra = answer.message.get(WIRE_EXTRA)
+    given = extra.get("id") if isinstance(extra, dict) else None
+    return given if isinstance(given, str) and given else "resp_" + answer.ident.removeprefix("chatcmpl-")
+
+
+def _reply_json(obj: Any, kept: list[dict[str, Any]], meta: dict[str, Any]) -> Reply:
     if not isinstance(obj, dict) or not isinstance(obj.get("output"), list):
         if isinstance(obj, dict) and obj.get("error"):
             raise error_stop(None, obj)
         return reply_from_response(obj)  # names what is wrong
     texts, calls = [], []
     kept[:] = [it for it in obj["output"] if isinstance(it, dict) and it.get("type") == "reasoning"]
+    meta["id"] = obj.get("id")
     for item in obj["output"]:
         if isinstance(item, dict) and item.get("type") == "message":
             texts += [p["text"] for p in item.get("content") or [] if isinstance(p, dict)
@@ -240,6 +255,7 @@ def reader() -> Reader:
     """A reader for one reply: its events as chat chunks (calls keyed by output index)."""
     kept: list[dict[str, Any]] = []
     calls: set[int] = set()
+    meta: dict[str, Any] = {}
 
     def event(ev: SSEEvent, end: StreamEnd) -> dict[str, Any] | None:
         obj = event_object(ev, end)
@@ -254,6 +270,7 @@ def reader() -> Reader:
         if kind == "response.created":
             resp = obj.get("response") if isinstance(obj.get("response"), dict) else {}
             kept.clear()
+            meta["id"] = resp.get("id")
             return {"id": resp.get("id"), "model": resp.get("model"), "object": "chat.completion.chunk",
                     "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
         if kind == "response.output_item.added" and _is_call(obj.get("item")):
@@ -283,12 +300,18 @@ def reader() -> Reader:
             return chunk
         return None
 
-    return Reader(lambda obj: _reply_json(obj, kept), event, lambda: {"reasoning": list(kept)} if kept else None)
+    def extra() -> dict[str, Any] | None:
+        out = {"reasoning": list(kept)} if kept else {}
+        if isinstance(meta.get("id"), str):
+            out["id"] = meta["id"]
+        return out or None
+
+    return Reader(lambda obj: _reply_json(obj, kept, meta), event, extra)
 
 
 # ---------------------------------------------------------------------------- the answer
 def _ident(answer: Answer) -> str:
-    return "resp_lf" + answer.ident.removeprefix("chatcmpl-lf").removeprefix("chatcmpl")
+    return answer_id(answer)
 
 
 def _output(answer: Answer) -> list[dict[str, Any]]:
@@ -296,10 +319,10 @@ def _output(answer: Answer) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = list(extra.get("reasoning") or []) if isinstance(extra, dict) else []
     text = answer.message.get("content")
     if text:
-        out.append({"type": "message", "id": f"msg_{_ident(answer)[7:]}", "status": "completed", "role": "assistant",
+        out.append({"type": "message", "id": _msg_id(answer), "status": "completed", "role": "assistant",
                     "content": [{"type": "output_text", "text": text, "annotations": []}]})
     for i, c in enumerate(answer.message.get("tool_calls") or []):
-        out.append({"type": "function_call", "id": f"fc_{i}_{_ident(answer)[7:]}", "status": "completed",
+        out.append({"type": "function_call", "id": f"fc_{i}_{_ident(answer).removeprefix('resp_')}", "status": "completed",
                     "call_id": c["id"], "name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"})
     return out
 
@@ -333,7 +356,7 @@ def stream_head(answer: Answer) -> list[bytes]:
 
 
 def _msg_id(answer: Answer) -> str:
-    return f"msg_{_ident(answer)[7:]}"
+    return f"msg_{_ident(answer).removeprefix('resp_')}"
 
 
 def stream_text(text: str, first: bool, answer: Answer | None = None, index: int = 0) -> list[bytes]:

@@ -61,7 +61,7 @@ from ..integrations._fence import FencedRun, FenceStop, versions
 from ..tools._executor import ToolResult
 from ..tools._registry import ToolKind
 from ._answer import WIRE_EXTRA, Answer
-from ._upstream import Relay, Upstream
+from ._upstream import DIALECTS, Relay, Upstream
 from ._view import (TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, action_of, answer_digest, call_ids_in, flat,
                     program_of, task_marks, view)
 from ._wire import BadRequest, Incoming
@@ -179,6 +179,7 @@ class Runs:
         self.sessions: dict[tuple[str | None, str], list[str]] = {}  # (client key, session) -> its runs, oldest first
         self.by_opening: dict[str, list[WireRun]] = {}  # keyed opening digest -> the runs it opened, newest last
         self.warned: set[str] = set()  # the openings whose unplaced continuation was said on stderr
+        self.by_answer: dict[str, WireRun] = {}  # keyed id of an answer a client may name (previous_response_id)
         self.open_logs: OrderedDict[str, WireRun] = OrderedDict()  # runs waiting with their log open, oldest first
         self._swept = time.monotonic()
 
@@ -254,7 +255,7 @@ class Runs:
         gone = {rid for rid, r in self.runs.items() if now - r.touched > ttl and not r.lock.locked()}
         for rid in gone:
             self.end(self.runs.pop(rid), f"idle past --expire-after {ttl:g}s")
-        for index in (self.by_conv, self.by_latest):
+        for index in (self.by_conv, self.by_latest, self.by_answer):
             for k in [k for k, r in index.items() if r.id in gone]:
                 del index[k]
         for k in [k for k, rid in self.names.items() if rid in gone]:
@@ -331,6 +332,9 @@ class Runs:
         run.answered, run.delivered = time.monotonic(), False
         if made.stop is None:
             self.gave(run, made)
+        named_by = getattr(DIALECTS.get(incoming.wire or ""), "answer_id", None)
+        if named_by is not None:  # a later request may name this answer (previous_response_id)
+            self.by_answer[keyed(owner, named_by(made))] = run
         self.hold_open(run)
         self.remember(run, incoming.conv)
         run.note(answered=incoming.whole, answer=made.to_json())
@@ -351,6 +355,8 @@ class Runs:
     def _route(self, incoming: Incoming, named: str | None, owner: str | None) -> WireRun | None:
         if named is not None:
             return self.runs.get(self.names.get((owner, named), ""))
+        if incoming.follows is not None and (after := self.by_answer.get(keyed(owner, incoming.follows))) is not None:
+            return after  # the answer it names is that run's: the input holds only what came since
         run = self.by_latest.get(keyed(owner, incoming.whole))  # a retry of a run's latest request
         if run is not None and not run.fenced.finished:
             if self.retrying(run):

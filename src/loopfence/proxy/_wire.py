@@ -76,6 +76,7 @@ class Incoming:
     wire: str | None = None
     body: dict[str, Any] | None = None
     forward: tuple[tuple[str, str], ...] = ()
+    follows: str | None = None  # the earlier answer it continues by id (Responses' previous_response_id)
 
     def scoped(self, session: str) -> Incoming:
         """The request with every digest scoped to `session`: it retries and continues only the
