@@ -187,9 +187,10 @@ def test_a_side_effects_empty_success_counts_only_against_the_same_call():
     failed = ToolResult('{"ok": false, "error": "nonzero_exit", "exit_code": 1, "stderr": ""}', False)
     looks = [g.after_execution(s, call("look", f'look:{{"n":{i}}}'), res("")) for i in range(3)]
     assert looks[:2] == [None, None] and looks[2].reason is StopReason.REPEATED_RESULT  # read-only: a repeat
-    g = RepeatedResult(2)
-    fails = [g.after_execution(s, call("ping", f'ping:{{"n":{i}}}'), failed) for i in range(3)]
-    assert fails[:2] == [None, None] and fails[2].reason is StopReason.REPEATED_RESULT  # errors: a repeat
+    for failure in (failed, res('{"success": false, "reason": "denied"}'), res('{"status": "error", "detail": "x"}')):
+        g = RepeatedResult(2)
+        fails = [g.after_execution(s, call("ping", f'ping:{{"n":{i}}}'), failure) for i in range(3)]
+        assert fails[:2] == [None, None] and fails[2].reason is StopReason.REPEATED_RESULT  # errors: a repeat
 
 
 def test_repeated_result_ignores_the_shells_timing():

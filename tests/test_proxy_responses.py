@@ -112,6 +112,7 @@ def test_max_output_tokens_is_capped_and_a_custom_tool_call_is_no_unknown_tool(t
             {"role": "user", "content": "patch it"}, patch,
             {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Done!"}]})
     assert up.requests[0]["max_output_tokens"] == 300 and up.requests[0]["tools"][1] == {"type": "web_search"}
+    assert resp1["output"] == [{**patch, "status": "completed"}]  # released in its own item type
     assert r2.status_code == 200 and resp2["output"][0]["content"][0]["text"] == "patched"
 
 

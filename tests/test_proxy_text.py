@@ -343,6 +343,28 @@ def test_a_storm_of_different_commands_with_one_error_stops_within_six_as_bash_b
         assert len(up.requests) <= 6, len(up.requests)
 
 
+def test_a_delivered_answer_under_a_session_makes_the_same_request_new_and_an_unread_one_is_a_retrys(
+        tmp_path: Path) -> None:
+    """Under a session id too, the same request after its answer was delivered reaches the upstream
+    again. A client that gave up before its answer came (a timeout) gets that answer on its retry,
+    even when the answer ended the run, and the upstream is not asked twice."""
+    slow = {"fault": "slow_stream", "delay_s": 0.6, "reply": text_reply("late but whole")}
+    with ReplyServer(lambda body: slow if "slow" in str(body["messages"]) else text_reply("hello")) as up, \
+            Proxy("--upstream", up.base_url, "--logs", str(tmp_path), stderr=tmp_path / "err") as proxy:
+        sid = {"x-session-id": "ses_again"}
+        for _ in range(2):
+            assert post(proxy.base_url, [{"role": "user", "content": "say hi"}], sid, tools=[READ]).status_code == 200
+        assert len(up.requests) == 2
+        body = {"model": "m", "messages": [{"role": "user", "content": "slow one"}], "tools": [READ]}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{proxy.base_url}/chat/completions", json=body, headers=sid, timeout=0.2)
+        import time
+        time.sleep(1.5)  # the answer is made (the run ended with it), never read
+        retry = httpx.post(f"{proxy.base_url}/chat/completions", json=body, headers=sid, timeout=30)
+    assert retry.status_code == 200 and retry.json()["choices"][0]["message"]["content"] == "late but whole"
+    assert len(up.requests) == 3
+
+
 def test_a_reply_with_code_tags_or_several_blocks_is_one_action(tmp_path: Path) -> None:
     replies = ["Thought: compute.\n<code>\nprint(1 + 1)\n</code>",
                "Two steps:\n```bash\ncd src\n```\nthen\n```bash\nmake\n```"]

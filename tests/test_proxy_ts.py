@@ -109,7 +109,7 @@ def test_the_embedded_default_ends_seed_003s_task_named(tmp_path: Path) -> None:
     shutil.copytree(SAMPLE_WORKSPACE, ws)
     logs = tmp_path / "logs"
     with Proxy("--logs", str(logs), stderr=tmp_path / "proxy.err") as proxy:
-        assert "(upstream: embedded)" in proxy.line, proxy.line
+        assert "(upstream: embedded; limits: coding)" in proxy.line, proxy.line
         out = run_loop(proxy.base_url, ws, SAMPLE_TASK)
     assert out["rc"] == 0 and out["run"], out  # the loop's stop gate: an answer with no tool calls
     assert [p.name for p in logs_in(logs)] == [f"{out['run']}.jsonl"]  # the one run, one log

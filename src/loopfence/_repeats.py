@@ -41,7 +41,9 @@ _TIMING = re.compile(  # a duration with its unit, a clock time (with a date bef
     r"|[0-9]*(?:-[0-9][0-9]-[0-9][0-9][T ][0-9][0-9]?)?:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)?(?![0-9]))")
 _LABEL_ARGS = ("path", "command", "cmd", "file", "filename", "url", "query", "name")
 _EXIT = ("exit_code", "returncode", "return_code", "exit_status")  # a result's exit status: 0 is success
-_SAID = ("stdout", "stderr", "output", "result", "content", "text", "message", "note", "data", "warning")
+_META = ("duration_s", "sandbox", "timed_out", "truncated", "cwd", "command", "cmd")  # say how it ran, not what
+# a JSON result is empty only if every other field is empty (an unknown field that says anything, an
+# error of another name included, makes it a result that says something)
 _RETURNCODE = re.compile(r"<returncode>\s*(-?[0-9]+)\s*</returncode>", re.IGNORECASE)  # mini-swe-agent's
 _TAG = re.compile(r"</?[A-Za-z_][\w-]*>")
 _LABEL_CHARS = 40
@@ -143,8 +145,9 @@ def _outcome(content: str) -> str:
 
 
 def empty_output(content: str) -> bool:
-    """Whether a result says nothing but success: empty text; a JSON object with no error, a zero (or
-    no) exit status and nothing in its output fields (`{"ok": true, "exit_code": 0, "stdout": ""}`); or
+    """Whether a result says nothing but success: empty text; a JSON object whose fields are all empty
+    but a zero (or no) exit status, a true `ok` / `success` and how it ran (`duration_s`, `sandbox`:
+    `{"ok": true, "exit_code": 0, "stdout": "", "duration_s": 0.1}`); or
     text whose markup is all it has, with no non-zero return code (mini-swe-agent's
     `<returncode>0</returncode><output></output>`)."""
     text = content.strip()
@@ -155,9 +158,11 @@ def empty_output(content: str) -> bool:
             value = loads_object(text)
         except ValueError:
             return False
-        if not isinstance(value, dict) or value.get("ok") is False or value.get("error"):
+        if not isinstance(value, dict):
             return False
-        return all(value.get(k) in (None, 0) for k in _EXIT) and not any(value.get(k) for k in _SAID)
+        return all(value.get(k) in (None, 0) for k in _EXIT) and value.get("ok", True) is True and \
+            value.get("success", True) is True and not any(
+                v for k, v in value.items() if k not in _EXIT and k not in _META and k not in ("ok", "success"))
     if any(code != "0" for code in _RETURNCODE.findall(text)):
         return False
     return not _TAG.sub("", _RETURNCODE.sub("", text)).strip()

@@ -94,9 +94,11 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
     no `input_schema`, are outside the contract)."""
     out, seen = [], set()
     for where, t in tool_items(tools):
-        if t.get("type") not in (None, "custom") and "input_schema" not in t:
-            continue
         name, schema = t.get("name"), t.get("input_schema")
+        if t.get("type") not in (None, "custom") and schema is None:
+            if not isinstance(name, str) or not name:
+                continue  # a server tool (web search): the server runs it
+            schema = {"type": "object", "additionalProperties": True}  # Anthropic-defined (bash_2025...): callable
         if not isinstance(name, str) or not name:
             raise BadRequest(f"{where}.name must be a non-empty string", f"{where}.name")
         if name in seen:
@@ -207,6 +209,12 @@ def outgoing(incoming: Incoming, note: str | None, max_tokens: int | None) -> di
     if max_tokens is not None:
         asked = body.get("max_tokens")
         body["max_tokens"] = min(asked, max_tokens) if isinstance(asked, int) else max_tokens
+        thinking = body.get("thinking")
+        budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+        if isinstance(budget, int) and budget >= body["max_tokens"]:  # the API wants max_tokens above it
+            budget = max(1024, body["max_tokens"] - 1)
+            body["thinking"] = {**thinking, "budget_tokens": budget}
+            body["max_tokens"] = max(body["max_tokens"], budget + 1)
     if note:
         messages = list(body["messages"])
         last = messages[-1]
@@ -228,7 +236,7 @@ def auth(key: str) -> dict[str, str]:
 def relays(body: dict[str, Any]) -> bool:
     """Whether the answer's text may stream as it comes: not with thinking on (its blocks come first)."""
     thinking = body.get("thinking")
-    return not (isinstance(thinking, dict) and thinking.get("type") == "enabled")
+    return not isinstance(thinking, dict) or thinking.get("type") in (None, "disabled")
 
 
 # ---------------------------------------------------------------------------- the upstream's reply
@@ -394,7 +402,7 @@ def stream_head(answer: Answer) -> list[bytes]:
     """`message_start` (its id, model and time those of `answer`, which may be a placeholder)."""
     return [_event("message_start", {"message": {
         "id": _ident(answer), "type": "message", "role": "assistant", "model": answer.model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})]
+        "stop_reason": None, "stop_sequence": None, "usage": {**_usage_out(answer), "output_tokens": 0}}})]
 
 
 def stream_text(text: str, first: bool, answer: Answer | None = None) -> list[bytes]:
@@ -443,6 +451,6 @@ def stream_tail(answer: Answer, sent: str) -> list[bytes]:
         out.append(_event("content_block_stop", {"index": index}))
         index += 1
     out.append(_event("message_delta", {"delta": {"stop_reason": _stop_reason(answer), "stop_sequence": None},
-                                        "usage": {"output_tokens": _usage_out(answer)["output_tokens"]}}))
+                                        "usage": _usage_out(answer)}))
     out.append(_event("message_stop", {}))
     return out

@@ -49,9 +49,9 @@ NO_KEY = "a client key is required: Authorization: Bearer <key> (or x-api-key: <
 FORWARDED = ("anthropic-version", "anthropic-beta", "x-api-key", "authorization")
 
 MAX_BODY = 16 << 20  # bytes of one request body, at most
-# The session ids real agents send, taken as run names (docs/proxy.md, "Run names"): opencode's,
-# LiteLLM's (OpenHands, LiteLLM clients), Claude Code's, Codex's.
-SESSION_HEADERS = ("x-session-id", "x-litellm-session-id", "x-claude-code-session-id", "session-id")
+# The session ids real agents send, each naming a session (docs/proxy.md, "Which run a request belongs
+# to"): opencode's, LiteLLM's (OpenHands, LiteLLM clients), Claude Code's, Codex's (session-id, then thread-id).
+SESSION_HEADERS = ("x-session-id", "x-litellm-session-id", "x-claude-code-session-id", "session-id", "thread-id")
 
 
 def run_name(headers: Any, session_headers: Iterable[str] = SESSION_HEADERS) -> tuple[str | None, str | None]:
@@ -150,8 +150,10 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
                                f"{named[:128]!r} in X-Loopfence-Run; send one", RUN_HEADER)
             named, session = in_path, None
         ua = request.headers.get("user-agent", "")
+        # the request's digest as its run keeps it (a session's are scoped to it): delivery marks it
+        whole = incoming.scoped(session).whole if session is not None and named is None else incoming.whole
         if incoming.stream:
-            return await _streamed(incoming, named, ua, who, session, dialect)
+            return await _streamed(incoming, named, ua, who, session, dialect, whole)
         task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, session=session))
         try:
             answer, _ = await asyncio.shield(task)
@@ -159,15 +161,21 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             return refused(dialect, exc.status, exc.message, exc.param) if dialect is not None else \
                 JSONResponse(exc.body(), exc.status)
         status, out = dialect.render(answer) if dialect is not None else (answer.status, answer.body())
-        return JSONResponse(out, status, headers=answer.headers(), background=_delivered(answer, incoming))
+        gone = await request.is_disconnected()  # (asked before the response: after it, always "yes")
+        return JSONResponse(out, status, headers=answer.headers(),
+                            background=None if gone else _delivered(answer, whole, [True]))
 
-    def _delivered(answer: Answer, incoming: Incoming) -> BackgroundTask:
-        """Run once the response is sent whole (`Runs.delivered`). A client that went away before is
-        not seen here (uvicorn drops what is sent to it): its retry within RETRY_S still shares."""
-        return BackgroundTask(runs.delivered, answer.run_id, incoming.whole)
+    def _delivered(answer: Answer, whole: str, sent: list[bool]) -> BackgroundTask:
+        """Run once the response is over (`Runs.delivered`), if it reached its end (`sent[0]`: a stream
+        the client left is cut before it): the same request again is then a new one. A client gone
+        before its answer is its retry's within RETRY_S."""
+        async def mark() -> None:
+            if sent[0]:
+                await runs.delivered(answer.run_id, whole)
+        return BackgroundTask(mark)
 
     async def _streamed(incoming: Incoming, named: str | None, ua: str, who: str | None, session: str | None,
-                        dialect: Any) -> Response:
+                        dialect: Any, whole: str) -> Response:
         queue: asyncio.Queue[str | None] = asyncio.Queue()
         rid: list[str] = []
         task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, relay=queue.put_nowait,
@@ -185,18 +193,20 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
                 return JSONResponse(out, status, headers=answer.headers())
             parts = [*dialect.stream_head(answer), *dialect.stream_tail(answer, "")] if dialect is not None \
                 else answer.stream_tail("", incoming.include_usage)
-            return StreamingResponse(_iterate(parts), media_type="text/event-stream", headers=answer.headers(),
-                                     background=_delivered(answer, incoming))
+            sent = [False]
+            return StreamingResponse(_iterate(parts, sent), media_type="text/event-stream", headers=answer.headers(),
+                                     background=_delivered(answer, whole, sent))
         head = Answer("", f"chatcmpl-lf-{uuid.uuid4().hex[:24]}", incoming.model or "", {}, "stop",
                       created=int(time.time()))
-        return StreamingResponse(_relayed(first, queue, task, head, incoming.include_usage, dialect),
+        sent = [False]
+        return StreamingResponse(_iterate(_relayed(first, queue, task, head, incoming.include_usage, dialect), sent),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", RUN_HEADER: rid[-1] if rid else ""},
-                                 background=BackgroundTask(_relay_delivered, task, incoming))
+                                 background=BackgroundTask(_relay_delivered, task, whole, sent))
 
-    async def _relay_delivered(task: asyncio.Task[Any], incoming: Incoming) -> None:
-        if task.done() and not task.cancelled() and task.exception() is None:
-            await runs.delivered(task.result()[0].run_id, incoming.whole)
+    async def _relay_delivered(task: asyncio.Task[Any], whole: str, sent: list[bool]) -> None:
+        if sent[0] and task.done() and not task.cancelled() and task.exception() is None:
+            await runs.delivered(task.result()[0].run_id, whole)
 
     def _spawn(coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -295,9 +305,15 @@ def _unknown_route(method: str, path: str) -> JSONResponse:
     return _error(404, what, code="unknown_route")
 
 
-async def _iterate(parts: list[bytes]) -> AsyncIterator[bytes]:
-    for p in parts:
-        yield p
+async def _iterate(parts: Any, sent: list[bool]) -> AsyncIterator[bytes]:
+    """`parts` (a list, or an async iterator) as a response body; `sent[0]` once the last was given."""
+    if isinstance(parts, list):
+        for p in parts:
+            yield p
+    else:
+        async for p in parts:
+            yield p
+    sent[0] = True
 
 
 async def _relayed(first: str, queue: asyncio.Queue[str | None], task: asyncio.Task[Any], head: Answer,

@@ -57,8 +57,9 @@ def auth(key: str) -> dict[str, str]:
 
 
 def relays(body: dict[str, Any]) -> bool:
-    """Whether the answer's text may stream as it comes: not when reasoning items may come first."""
-    return not body.get("reasoning")
+    """Whether the answer's text may stream as it comes: never here. The response's id, and its
+    reasoning items, which come first, are known only once it is whole."""
+    return False
 
 
 # ---------------------------------------------------------------------------- the request
@@ -234,6 +235,7 @@ def _reply_json(obj: Any, kept: list[dict[str, Any]], meta: dict[str, Any]) -> R
     texts, calls = [], []
     kept[:] = [it for it in obj["output"] if isinstance(it, dict) and it.get("type") == "reasoning"]
     meta["id"] = obj.get("id")
+    meta["calls"] = {it.get("call_id"): it for it in obj["output"] if isinstance(it, dict) and it.get("type") in _OTHER_CALLS}
     for item in obj["output"]:
         if isinstance(item, dict) and item.get("type") == "message":
             texts += [p["text"] for p in item.get("content") or [] if isinstance(p, dict)
@@ -285,6 +287,7 @@ def reader() -> Reader:
             if item.get("type") == "reasoning":
                 kept.append(item)
             elif item.get("type") in _OTHER_CALLS:  # their input comes whole, here
+                meta.setdefault("calls", {})[item.get("call_id")] = item
                 return chat_chunk({"tool_calls": [{"index": index, "function": {
                     "arguments": _call_of(item)["function"]["arguments"]}}]})
             return None
@@ -296,14 +299,15 @@ def reader() -> Reader:
             usage = _usage(resp.get("usage"))
             if usage is not None:
                 chunk["usage"] = usage
-            end.done = True
-            return chunk
+            return chunk  # its finish reason is the end (the reader stops at `end.done` before a chunk)
         return None
 
     def extra() -> dict[str, Any] | None:
-        out = {"reasoning": list(kept)} if kept else {}
+        out: dict[str, Any] = {"reasoning": list(kept)} if kept else {}
         if isinstance(meta.get("id"), str):
             out["id"] = meta["id"]
+        if meta.get("calls"):  # custom and local-shell calls go back in their own item type
+            out["calls"] = dict(meta["calls"])
         return out or None
 
     return Reader(lambda obj: _reply_json(obj, kept, meta), event, extra)
@@ -321,7 +325,11 @@ def _output(answer: Answer) -> list[dict[str, Any]]:
     if text:
         out.append({"type": "message", "id": _msg_id(answer), "status": "completed", "role": "assistant",
                     "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    others = extra.get("calls") if isinstance(extra, dict) and isinstance(extra.get("calls"), dict) else {}
     for i, c in enumerate(answer.message.get("tool_calls") or []):
+        if c["id"] in others:  # released as it came (a custom tool's input, a local-shell action)
+            out.append({**others[c["id"]], "status": "completed"})
+            continue
         out.append({"type": "function_call", "id": f"fc_{i}_{_ident(answer).removeprefix('resp_')}", "status": "completed",
                     "call_id": c["id"], "name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"})
     return out

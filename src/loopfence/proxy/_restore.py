@@ -188,6 +188,7 @@ def _answers(runs: Runs, run: WireRun, notes: list[dict[str, Any]], last_reply: 
     fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
     fut.set_result(made)
     run.latest = (whole, fut)
+    run.delivered = f.finished  # a run that ended before the restart: the same request is a new one
     runs.by_latest[keyed(run.owner, whole)] = run
     if made is not answered.get(whole):
         runs.remember(run, tail)

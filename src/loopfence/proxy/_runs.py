@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._json import canonical_json
+from .._json import canonical_json, loads
 from .._limits import Limits, Policy
 from .._log._writer import RunLog
 from .._messages import Reply, Request
@@ -358,10 +358,8 @@ class Runs:
         if incoming.follows is not None and (after := self.by_answer.get(keyed(owner, incoming.follows))) is not None:
             return after  # the answer it names is that run's: the input holds only what came since
         run = self.by_latest.get(keyed(owner, incoming.whole))  # a retry of a run's latest request
-        if run is not None and not run.fenced.finished:
-            if self.retrying(run):
-                return run
-            run = None  # its answer was delivered (or is old): the same request again is a new one
+        if run is not None and self.retrying(run):
+            return run  # (finished or not: its answer is the retry's)
         names = {t["function"]["name"] for t in incoming.tools}
         found = next((r for d in incoming.extends if (r := self.by_conv.get(keyed(owner, d))) is not None
                       and names <= r.tools), None)  # a request declaring a tool its run lacks is another's
@@ -441,9 +439,10 @@ class Runs:
         st = self.settings
         log = None if st.logs is None else st.logs / f"{rid}.jsonl"
         limits = None
-        if session is not None:  # the session's budgets, less what its other conversations spent
-            limits = st.limits.left_after(*(self.runs[r].fenced.state.ledger.snapshot()
-                                            for r in self.sessions.get((owner, session), ()) if r in self.runs))
+        if session is not None:  # the session's budgets, less what its conversations at work (or stopped) spent
+            others = [self.runs[r] for r in self.sessions.get((owner, session), ()) if r in self.runs]
+            limits = st.limits.left_after(*(r.fenced.state.ledger.snapshot() for r in others
+                                            if not (r.fenced.finished and r.stopped is None)))
         run = self.make(rid, incoming, user_agent, owner, log, named, limits=limits, session=session,
                         unplaced=self._unplaced(incoming, rid) if unplaced else None)
         run.notes = None if st.logs is None else st.logs / NOTES / f"{rid}.jsonl"
@@ -517,11 +516,15 @@ class Runs:
             async def send(request: Request, note: str | None) -> Reply:
                 if self.upstream.speaks(incoming.wire):  # as sent, to an upstream of its own wire
                     return await self.upstream.post(incoming, note, request.max_tokens, relay)
+                if incoming.wire is not None and not DIALECTS[incoming.wire].relays(incoming.body or {}):
+                    relaying = None  # the wire's answer goes whole (its ids, what comes before its text)
+                else:
+                    relaying = relay
                 messages = incoming.messages + ([{"role": "user", "content": note}] if note else [])
                 params = {k: v for k, v in incoming.params.items() if k != "model"}
                 wire = Request(messages, incoming.tools, params, request.deadline, request.step,
                                request.max_tokens, f.state.run_id)
-                return await self.upstream.complete(wire, incoming.model, relay)
+                return await self.upstream.complete(wire, incoming.model, relaying)
 
             if run.reopened:  # its request is logged and counted: the reply is what is owed
                 run.reopened = False
@@ -661,13 +664,13 @@ class Runs:
         return run.stopped
 
     def _ident(self, run: WireRun) -> str:
-        return f"chatcmpl-lf-{run.id[:24]}-{run.fenced.state.ledger.model_requests}"
+        return f"chatcmpl-lf-{run.id}-{run.fenced.state.ledger.model_requests}"
 
 
 def _action_in(call: Any) -> str | None:
     """The action a text action call asked for (its `action` argument)."""
     try:
-        args = json.loads(call.raw_arguments or "{}")
+        args = loads(call.raw_arguments or "{}")
     except ValueError:
         return None
     return args.get("action") if isinstance(args, dict) else None

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import re
 from typing import Any
 
-from .._json import canonical_json
+from .._json import canonical_json, loads  # bounded: deep nesting is a ValueError, never a RecursionError
 
 __all__ = ["flat", "calls_in_text", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
            "TEXT_POLL", "TEXT_TOOLS", "TEXT_ACTION_SCHEMA"]
@@ -56,7 +55,7 @@ def flat(content: Any) -> str:
 def _args(raw: Any) -> str:
     if isinstance(raw, str):
         try:
-            return canonical_json(json.loads(raw)) if raw.strip() else "{}"
+            return canonical_json(loads(raw)) if raw.strip() else "{}"
         except ValueError:
             return raw
     return canonical_json(raw if raw is not None else {})
@@ -73,7 +72,7 @@ def calls_in_text(text: str) -> tuple[str, list[tuple[str, str, str]]]:
         listed = ast.literal_eval(m.group(1))
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         try:
-            listed = json.loads(m.group(1))
+            listed = loads(m.group(1))
         except ValueError:
             return text, []
     calls = []
@@ -170,7 +169,7 @@ def action_of(text: str | None) -> str | None:
         return "\n\n".join(blocks)
     _, calls = calls_in_text(text)
     if calls:
-        return canonical_json([[name, json.loads(args) if _is_json(args) else args] for _, name, args in calls])
+        return canonical_json([[name, loads(args) if _is_json(args) else args] for _, name, args in calls])
     whole = _SPACE.sub(" ", text).strip()
     return whole or None
 
@@ -183,7 +182,7 @@ def program_of(action: str) -> str:
 
 def _is_json(s: str) -> bool:
     try:
-        json.loads(s)
+        loads(s)
     except ValueError:
         return False
     return True
