@@ -95,6 +95,9 @@ CLAUDE_CODE_STAMP := $(AGENTS)-claude/.installed-$(CLAUDE_CODE_VERSION)
 # Codex CLI (npm), pinned: driven through the proxy's Responses wire (tests/test_proxy_codex.py)
 CODEX_VERSION := 0.169.0
 CODEX_STAMP := $(AGENTS)-codex/.installed-$(CODEX_VERSION)
+# Gemini CLI (npm), pinned: driven through the proxy's Gemini wire (tests/test_proxy_gemini_cli.py)
+GEMINI_CLI_VERSION := 0.61.0
+GEMINI_CLI_STAMP := $(AGENTS)-gemini/.installed-$(GEMINI_CLI_VERSION)
 
 $(AIDER_STAMP):
 	$(PYTHON) -m venv $(AGENTS)-aider
@@ -118,7 +121,12 @@ $(CODEX_STAMP):
 	npm install --prefix $(AGENTS)-codex --no-audit --no-fund --save-exact --loglevel=error "@openai/codex@$(CODEX_VERSION)"
 	touch $@
 
-agents: $(AGENTS_STAMP) $(AIDER_STAMP) $(OPENCODE_STAMP) $(CLAUDE_CODE_STAMP) $(CODEX_STAMP)
+$(GEMINI_CLI_STAMP):
+	@command -v npm >/dev/null 2>&1 || { echo "npm missing: install node.js (the Gemini CLI tests fail under CI)"; exit 1; }
+	npm install --prefix $(AGENTS)-gemini --no-audit --no-fund --save-exact --loglevel=error "@google/gemini-cli@$(GEMINI_CLI_VERSION)"
+	touch $@
+
+agents: $(AGENTS_STAMP) $(AIDER_STAMP) $(OPENCODE_STAMP) $(CLAUDE_CODE_STAMP) $(CODEX_STAMP) $(GEMINI_CLI_STAMP)
 
 # The proxy's TypeScript clients (tests/ts: an agent loop in plain fetch, the official openai Node SDK),
 # pinned by tests/ts/package-lock.json; tsx runs the .ts files on node 20 (no native TypeScript there).

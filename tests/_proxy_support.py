@@ -11,9 +11,11 @@ the proxy change nothing about which reply comes next. Call ids are unique in a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 import selectors
 import signal
@@ -25,6 +27,7 @@ from typing import Any
 import pytest
 
 from loopfence.cli import cli
+from loopfence.runlog import read_log
 from loopfence.testing import FakeServer, calls_reply, text_reply, tool_call
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +39,7 @@ from bench.scripts import HONEST, RUNAWAY  # noqa: E402
 
 __all__ = ["ROOT", "TS", "SCRIPTS", "Ended", "KINDS", "REASONS", "stops_at_the_minimum", "ScriptServer", "Proxy", "task", "kinds_file", "seed_workspace",
            "node_modules", "run_loop", "node_script", "logs_in", "reconciles", "replays", "first_json", "run_calls",
-           "ReplyServer", "reset_all", "ended", "built"]
+           "ReplyServer", "reset_all", "ended", "built", "wire_proxy", "bench_run_ended"]
 
 TS = ROOT / "tests" / "ts"
 SCRIPTS: dict[str, Script] = {s.name: s for s in RUNAWAY + HONEST}
@@ -280,6 +283,31 @@ def reset_all(base_url: str, headers: dict[str, str] | None = None) -> list[dict
         assert r.status_code == 200, r.text
         out.append(r.json())
     return out
+
+
+@contextlib.contextmanager
+def wire_proxy(server: Any, wire: str, tmp: Path) -> Iterator[tuple[Any, Proxy, Path]]:
+    """`server` (a FakeServer of another wire, serving the bench's scripts) and `loopfence proxy` in
+    front of it as that wire's upstream: (the server, the proxy, its log folder)."""
+    with server as up, Proxy("--upstream", f"{wire}={up.root}", "--logs", str(tmp / "logs"),
+                             "--kinds", str(kinds_file(tmp)), stderr=tmp / "err") as proxy:
+        yield up, proxy, tmp / "logs"
+
+
+def bench_run_ended(script: Any, ended: Ended, logs: Path, wire: str) -> None:
+    """A bench script's conversation over `wire`: a runaway stopped at the rules' minimum, a legitimate
+    one finished; its log reconciles, replays and records the wire."""
+    log = logs / f"{ended.run}.jsonl"
+    if script.name in _EXECUTIONS or script.name in _AT_MOST:
+        assert ended.stop is not None and ended.answer is not None and ended.answer.startswith("[loopfence stop]")
+        stops_at_the_minimum(script.name, ended.executions, ended.stop)
+    else:
+        assert ended.stop is None and ended.answer and not ended.answer.startswith("[loopfence stop]"), ended
+        stop = read_log(log).stop
+        assert stop is not None and stop.reason == "final_answer"
+    reconciles(log)
+    replays(log)
+    assert read_log(log).header.record["proxy"]["wire"] == wire
 
 
 def ended(base_url: str, logs: Path) -> list[Path]:

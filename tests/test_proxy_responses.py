@@ -16,7 +16,8 @@ from loopfence.proxy import STOP_MARKER
 from loopfence.runlog import read_log
 from loopfence.testing import calls_reply, text_reply, tool_call
 
-from _proxy_support import HONEST, RUNAWAY, Proxy, kinds_file, reconciles, replays, reset_all, stops_at_the_minimum
+from _proxy_support import (HONEST, RUNAWAY, Proxy, bench_run_ended, reconciles, replays, reset_all, stops_at_the_minimum,
+                            wire_proxy)
 from _responses_support import ResponsesReplies, ResponsesScripts, converse, post_responses, response_events, to_response
 from bench.common import Workspace
 
@@ -25,10 +26,8 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def wire(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tmp = tmp_path_factory.mktemp("responses")
-    with ResponsesScripts() as up, Proxy("--upstream", f"responses={up.root}", "--logs", str(tmp / "logs"),
-                                          "--kinds", str(kinds_file(tmp)), stderr=tmp / "err") as proxy:
-        yield up, proxy, tmp / "logs"
+    with wire_proxy(ResponsesScripts(), "responses", tmp_path_factory.mktemp("responses")) as running:
+        yield running
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -37,16 +36,7 @@ def test_the_bench_scripts_over_the_responses_wire(wire: Any, script: Any, strea
     up, proxy, logs = wire
     with Workspace() as ws:
         ended = converse(proxy.base_url, script.name, ws, tag=f"r-{stream}", stream=stream)
-    log = logs / f"{ended.run}.jsonl"
-    if script in RUNAWAY:
-        assert ended.stop is not None and ended.answer is not None and ended.answer.startswith(STOP_MARKER)
-        stops_at_the_minimum(script.name, ended.executions, ended.stop)
-    else:
-        assert ended.stop is None and ended.answer and not ended.answer.startswith(STOP_MARKER), ended
-        assert read_log(log).stop is not None and read_log(log).stop.reason == "final_answer"
-    reconciles(log)
-    replays(log)
-    assert read_log(log).header.record["proxy"]["wire"] == "responses"
+    bench_run_ended(script, ended, logs, "responses")
 
 
 EXEC = {"type": "function", "name": "exec_command", "parameters": {

@@ -612,7 +612,7 @@ def test_an_unknown_route_is_a_json_404_in_its_wire_s_shape_naming_what_is_serve
         root = proxy.base_url.removesuffix("/v1")
         anthropic = httpx.post(f"{root}/v1/messages/batches", json={"requests": []}, timeout=30)
         doubled = httpx.post(f"{root}/v1/v1/messages", json={"model": "m", "messages": []}, timeout=30)
-        gemini = httpx.post(f"{root}/v1beta/models/g:streamGenerateContent?alt=sse", json={}, timeout=30)
+        gemini = httpx.post(f"{root}/v1beta/models/g:embedContent", json={}, timeout=30)
         responses = httpx.post(f"{root}/v1/embeddings", json={"model": "m", "input": "hi"}, timeout=30)
         nowhere = httpx.get(f"{root}/nowhere", timeout=30)
     assert anthropic.status_code == 404 and anthropic.json()["type"] == "error"
@@ -621,7 +621,7 @@ def test_an_unknown_route_is_a_json_404_in_its_wire_s_shape_naming_what_is_serve
     for r in (responses, nowhere):
         assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_route"
     assert doubled.status_code == 404 and "with no /v1" in doubled.json()["error"]["message"]  # ANTHROPIC_BASE_URL
-    for r, path in ((anthropic, "/v1/messages/batches"), (gemini, "/v1beta/models/g:streamGenerateContent"),
+    for r, path in ((anthropic, "/v1/messages/batches"), (gemini, "/v1beta/models/g:embedContent"),
                     (responses, "/v1/embeddings"), (nowhere, "/nowhere")):
         message = (r.json()["error"]["message"])
         assert path in message and "POST /v1/chat/completions" in message, message

@@ -548,3 +548,13 @@ def test_the_same_write_again_and_again_is_still_stopped(tmp_path: Path) -> None
              [_bash(MINI_EMPTY)], limits=UNBUDGETED)
     assert r.stop.reason is StopReason.REPEATED_CALL and r.ledger.tool_executions == 2
     _reconciled(tmp_path)
+
+
+@settings(max_examples=50, deadline=None)
+@given(a=st.integers(1, 10**7), b=st.integers(1, 10**7), label=st.sampled_from(["Process Group PGID: ", "Background PIDs: ", "PID="]))
+def test_the_process_ids_a_harness_prints_are_not_part_of_an_outcome(a: int, b: int, label: str) -> None:
+    """Gemini CLI ends a command's output with its process group id, new each time: the same failing
+    command is the same outcome whatever the id (and a different output is still different)."""
+    out = "AssertionError\nExit Code: 1\n"
+    assert outcome_fingerprint(f"{out}{label}{a}\n") == outcome_fingerprint(f"{out}{label}{b}\n")
+    assert outcome_fingerprint(f"{out}{label}{a}\n") != outcome_fingerprint(f"passed\nExit Code: 0\n{label}{a}\n")

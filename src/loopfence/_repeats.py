@@ -16,8 +16,9 @@
 
 Results are compared by `outcome_fingerprint`: the result's fingerprint without what differs between
 two identical outcomes: the shell's `duration_s`, and the timings a program prints (a test runner's
-`Ran 1 test in 0.012s`, `1 failed in 0.05s (0:00:00)`, go's `(0.00s)`, `Time: 1.2 s`) and clock times
-(`12:04:31`, `2026-12-01T12:04:31.5`), each read as one placeholder.
+`Ran 1 test in 0.012s`, `1 failed in 0.05s (0:00:00)`, go's `(0.00s)`, `Time: 1.2 s`), clock times
+(`12:04:31`, `2026-12-01T12:04:31.5`) and the process ids a harness prints (`Process Group PGID: 25158`),
+each read as one placeholder.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ _TIMING = re.compile(  # a duration with its unit, a clock time (with a date bef
     # with a digit (not after a letter, digit or dot), so the scan skips ahead to the next digit
     r"[0-9](?<![\w.][0-9])(?:[0-9]*(?:\.[0-9]+)?\s?(?:ms|µs|us|ns|s|sec|secs|seconds)\b"
     r"|[0-9]*(?:-[0-9][0-9]-[0-9][0-9][T ][0-9][0-9]?)?:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)?(?![0-9]))")
+# the process ids a harness prints after a command (Gemini CLI: "Process Group PGID: 25158", "Background
+# PIDs: 101, 102"), different each time the same command runs
+_PIDS = re.compile(r"\b(PGID|PIDs?)(\s*[:=]\s*)[0-9]+(?:\s*,\s*[0-9]+)*")
 _LABEL_ARGS = ("path", "command", "cmd", "file", "filename", "url", "query", "name")
 _EXIT = ("exit_code", "returncode", "return_code", "exit_status")  # a result's exit status: 0 is success
 _META = ("duration_s", "sandbox", "timed_out", "truncated", "cwd", "command", "cmd")  # say how it ran, not what
@@ -141,7 +145,7 @@ def _outcome(content: str) -> str:
         if isinstance(value, dict) and _VOLATILE in value:
             del value[_VOLATILE]
             content = canonical_json(value)
-    return fingerprint(_TIMING.sub("<time>", content))
+    return fingerprint(_PIDS.sub(r"\1\2<pid>", _TIMING.sub("<time>", content)))
 
 
 def empty_output(content: str) -> bool:

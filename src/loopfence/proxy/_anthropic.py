@@ -280,7 +280,7 @@ def _reply_json(obj: Any, thinking: list[dict[str, Any]]) -> Reply:
     return reply_from_response(chat)
 
 
-def reader() -> Reader:
+def reader(incoming: Incoming | None = None) -> Reader:
     """A reader for one reply (see `Reader`)."""
     state: dict[str, Any] = {"prompt": 0, "blocks": {}}
     thinking: list[dict[str, Any]] = []

@@ -36,9 +36,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._json import loads
-from . import _anthropic, _responses
+from . import _anthropic, _gemini, _responses
 from ._answer import RUN_HEADER, Answer, sse
 from ._runs import RUN_ID, Runs
+from ._upstream import CLIENT_KEYS
 from ._wire import BadRequest, Incoming, parse
 
 __all__ = ["create_app", "MAX_BODY", "SESSION_HEADERS", "run_name", "SERVED"]
@@ -46,7 +47,7 @@ __all__ = ["create_app", "MAX_BODY", "SESSION_HEADERS", "run_name", "SERVED"]
 NO_KEY = "a client key is required: Authorization: Bearer <key> (or x-api-key: <key>)"
 # the client headers a request of another wire takes upstream: its version and beta flags, and its key
 # (sent only where the proxy has no key of its own for that upstream, and takes no client keys)
-FORWARDED = ("anthropic-version", "anthropic-beta", "x-api-key", "authorization")
+FORWARDED = ("anthropic-version", "anthropic-beta", *CLIENT_KEYS)
 
 MAX_BODY = 16 << 20  # bytes of one request body, at most
 # The session ids real agents send, each naming a session (docs/proxy.md, "Which run a request belongs
@@ -86,8 +87,9 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         if not allowed:
             return None
         given = request.headers.get("authorization", "")
-        token = given[7:].strip().encode() if given[:7].lower() == "bearer " else \
-            request.headers.get("x-api-key", "").strip().encode()  # Anthropic's clients send theirs here
+        token = (given[7:] if given[:7].lower() == "bearer " else  # Anthropic's clients: x-api-key; Google's:
+                 request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")  # x-goog-api-key, ?key=
+                 or request.query_params.get("key") or "").strip().encode()
         if not any(hmac.compare_digest(token, k) for k in allowed):
             raise PermissionError
         return hashlib.sha256(token).hexdigest()[:16]
@@ -123,22 +125,20 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     async def responses(request: Request) -> Response:
         return await serve_wire(request, _responses)
 
-    async def serve_wire(request: Request, dialect: Any) -> Response:
-        """One request of a wire (`dialect`: its translating module; None: Chat Completions)."""
+    async def serve_wire(request: Request, dialect: Any, read: Any = None) -> Response:
+        """One request of a wire (`dialect`: its translating module, `read` its parse for this route;
+        None: Chat Completions)."""
         try:
             who = owner(request)
             body = await body_of(request)
-            incoming = dialect.parse(body) if dialect is not None else parse(body)
+            incoming = (read or dialect.parse)(body) if dialect is not None else parse(body)
         except PermissionError:
             return refused(dialect, 401, NO_KEY, code="invalid_api_key")
         except BadRequest as exc:
             return refused(dialect, exc.status, exc.message, exc.param) if dialect is not None else \
                 JSONResponse(exc.body(), exc.status)
         if dialect is not None:
-            forward = {h: v for h in FORWARDED if (v := request.headers.get(h))}
-            if allowed:  # the client's key is the proxy's, never the upstream's
-                forward = {h: v for h, v in forward.items() if h not in ("x-api-key", "authorization")}
-            incoming = dataclasses.replace(incoming, forward=tuple(forward.items()))
+            incoming = dataclasses.replace(incoming, forward=tuple(forwarded(request).items()))
         named, session = run_name(request.headers, sessions)
         in_path = request.path_params.get("name")
         if in_path is not None:  # the name in the base URL (`/run/NAME/v1`): a run name, as the header
@@ -216,18 +216,38 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
 
     async def count_tokens(request: Request) -> Response:
         """POST /v1/messages/count_tokens: passed through to the Anthropic upstream, outside any run."""
+        return await passed(request, _anthropic, "/v1/messages/count_tokens")
+
+    async def passed(request: Request, dialect: Any, path: str) -> Response:
+        """A request of `dialect` passed through to its upstream's `path`, outside any run."""
         try:
             owner(request)
             body = await body_of(request)
         except PermissionError:
-            return refused(_anthropic, 401, NO_KEY)
+            return refused(dialect, 401, NO_KEY)
         except BadRequest as exc:
-            return refused(_anthropic, exc.status, exc.message)
-        forward = {h: v for h in FORWARDED if (v := request.headers.get(h))}
-        if allowed:
-            forward = {h: v for h, v in forward.items() if h not in ("x-api-key", "authorization")}
-        status, out = await runs.upstream.passthrough(_anthropic.NAME, "/v1/messages/count_tokens", body, forward)
+            return refused(dialect, exc.status, exc.message)
+        status, out = await runs.upstream.passthrough(dialect.NAME, path, body, forwarded(request))
         return JSONResponse(out, status)
+
+    def forwarded(request: Request) -> dict[str, str]:
+        """The client headers a request of another wire takes upstream (its key only where the proxy
+        takes no client keys: then it is the proxy's, never the upstream's)."""
+        forward = {h: v for h in FORWARDED if (v := request.headers.get(h))}
+        if request.query_params.get("key") and "x-goog-api-key" not in forward:
+            forward["x-goog-api-key"] = request.query_params["key"]  # Google's clients may send it in the URL
+        return {h: v for h, v in forward.items() if not (allowed and h in CLIENT_KEYS)}
+
+    async def gemini(request: Request) -> Response:
+        """POST /v1beta/models/MODEL:METHOD: generateContent and streamGenerateContent fenced,
+        countTokens passed through outside any run, any other method a 404 in Google's shape."""
+        model, _, method = request.path_params["target"].rpartition(":")
+        if method == "countTokens":
+            return await passed(request, _gemini, f"/v1beta/models/{model}:countTokens")
+        if method not in ("generateContent", "streamGenerateContent") or not model:
+            return _unknown_route(request.method, request.url.path)
+        stream = method == "streamGenerateContent"
+        return await serve_wire(request, _gemini, lambda body: _gemini.parse(body, model, stream))
 
     async def models(request: Request) -> Response:
         try:
@@ -275,6 +295,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         Route("/run/{name}/v1/models", models, methods=["GET"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1beta/models/{target}", gemini, methods=["POST"]),
+        Route("/run/{name}/v1beta/models/{target}", gemini, methods=["POST"]),
         Route("/run/{name}/v1/responses", responses, methods=["POST"]),
         Route("/run/{name}/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
@@ -287,6 +309,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
 
 
 SERVED = ("POST /v1/chat/completions, GET /v1/models, POST /v1/responses, POST /v1/messages (Anthropic), "
+          "POST /v1beta/models/MODEL:generateContent and :streamGenerateContent (Gemini), "
           "POST /v1/messages/count_tokens (each also under /run/NAME, naming the run), "
           "GET /loopfence/runs, GET /loopfence/runs/{id}, POST /loopfence/runs/{id}/reset")
 

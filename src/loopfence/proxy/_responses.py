@@ -253,7 +253,7 @@ def _reply_json(obj: Any, kept: list[dict[str, Any]], meta: dict[str, Any]) -> R
     return reply_from_response(chat)
 
 
-def reader() -> Reader:
+def reader(incoming: Incoming | None = None) -> Reader:
     """A reader for one reply: its events as chat chunks (calls keyed by output index)."""
     kept: list[dict[str, Any]] = []
     calls: set[int] = set()

@@ -26,14 +26,15 @@ from .._messages import Reply, Request
 from ..models._exchange import ON_STREAM_EVENT
 from ..models._openai import OpenAIModel
 from ..models._sse import SSEEvent
-from . import _anthropic, _responses
+from . import _anthropic, _gemini, _responses
 from ._answer import WIRE_EXTRA
 from ._wire import Incoming
 
-__all__ = ["Upstream", "upstream_key", "wire_key", "WIRES"]
+__all__ = ["Upstream", "upstream_key", "wire_key", "WIRES", "CLIENT_KEYS"]
 
-DIALECTS = {_anthropic.NAME: _anthropic, _responses.NAME: _responses}  # the wires besides Chat Completions, each one translating module
+DIALECTS = {_anthropic.NAME: _anthropic, _responses.NAME: _responses, _gemini.NAME: _gemini}  # the wires besides Chat Completions, each one translating module
 WIRES = tuple(DIALECTS)  # the names `--upstream NAME=URL` takes
+CLIENT_KEYS = ("x-api-key", "authorization", "x-goog-api-key")  # the headers a client's own key comes in
 
 Relay = Callable[[str], None]
 
@@ -65,7 +66,8 @@ class Upstream:
         # the URL checked now (ValueError naming it), and shown without credentials or query
         self._where = OpenAIModel(url).describe()["base_url"] if url is not None else "embedded"
         # another wire's own upstream: its root, as its clients take it (ANTHROPIC_BASE_URL: no /v1)
-        self.wires = {name: root.strip().rstrip("/").removesuffix("/v1") for name, root in (wires or {}).items()}
+        self.wires = {name: root.strip().rstrip("/").removesuffix("/v1").removesuffix("/v1beta")
+                      for name, root in (wires or {}).items()}
         self._wire_models: dict[tuple[str, bool], OpenAIModel] = {}
         for name, root in self.wires.items():
             if name not in WIRES:
@@ -85,8 +87,7 @@ class Upstream:
         key = wire_key(wire)
         if key is None:
             return forward
-        return {**{k: v for k, v in forward.items() if k not in ("x-api-key", "authorization")},
-                **DIALECTS[wire].auth(key)}
+        return {**{k: v for k, v in forward.items() if k not in CLIENT_KEYS}, **DIALECTS[wire].auth(key)}
 
     def speaks(self, wire: str | None) -> bool:
         """Whether requests of `wire` go to an upstream of their own wire (else: translated)."""
@@ -107,8 +108,9 @@ class Upstream:
         if m is None:
             m = self._wire_models[(wire, stream)] = OpenAIModel(self.wires[wire], stream=stream, tool_choice=None,
                                                                 transport=self._transport)
-        reader = dialect.reader()
-        reply = await m.apost(body, url=self.wires[wire] + dialect.PATH, headers=headers, read_json=reader.json,
+        reader = dialect.reader(incoming)
+        route = dialect.path(incoming) if hasattr(dialect, "path") else dialect.PATH
+        reply = await m.apost(body, url=self.wires[wire] + route, headers=headers, read_json=reader.json,
                               read_event=reader.event, tools=tools,
                               text=relay if dialect.relays(body) else None)  # else the answer goes whole
         extra = reader.extra()
