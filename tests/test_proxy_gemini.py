@@ -111,3 +111,16 @@ def test_hostile_input_gets_googles_error_shape_and_is_never_forwarded(tmp_path:
     if field is not None:
         assert field in body["error"]["message"], body
     assert up.requests == []
+
+
+def test_count_tokens_passes_through_outside_any_run_or_is_estimated(tmp_path: Path) -> None:
+    body = {"contents": [{"role": "user", "parts": [{"text": "how many tokens is this sentence?"}]}]}
+    with GeminiReplies(lambda b: text_reply("unused")) as up, \
+            Proxy("--upstream", f"gemini={up.root}", "--logs", str(tmp_path / "a"), stderr=tmp_path / "err") as proxy:
+        passed = httpx.post(f"{proxy.base_url.removesuffix('/v1')}/v1beta/models/fake:countTokens", json=body, timeout=30)
+    with Proxy("--logs", str(tmp_path / "b"), stderr=tmp_path / "err2") as proxy:  # no Gemini upstream
+        estimated = httpx.post(f"{proxy.base_url.removesuffix('/v1')}/v1beta/models/fake:countTokens", json=body,
+                               timeout=30)
+    assert passed.status_code == 404 and "countTokens" in passed.json()["error"]["message"]  # the upstream's own answer
+    assert estimated.status_code == 200 and estimated.json()["totalTokens"] > 0
+    assert up.requests == [] and not list((tmp_path / "a").glob("*.jsonl"))  # outside any run

@@ -155,9 +155,9 @@ class Upstream:
     async def passthrough(self, wire: str, path: str, body: Any, forward: dict[str, str]) -> tuple[int, Any]:
         """A request of `wire` outside any run (Anthropic's count_tokens), to that wire's own upstream
         as it came: (status, JSON body). With none, an estimate of the tokens (its text units)."""
-        if wire not in self.wires:
-            text = canonical_json(body)
-            return 200, {"input_tokens": TokenEstimator().estimate(text_units(text))}
+        if wire not in self.wires:  # an estimate (its text units), in the wire's own shape
+            n = TokenEstimator().estimate(text_units(canonical_json(body)))
+            return 200, {"totalTokens": n} if wire == _gemini.NAME else {"input_tokens": n}
         headers = self._headers(wire, forward)
         try:
             async with httpx.AsyncClient(transport=self._transport, timeout=30.0) as client:
