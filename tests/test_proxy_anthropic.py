@@ -22,7 +22,7 @@ from loopfence.runlog import read_log
 from loopfence.testing import calls_reply, text_reply, tool_call
 
 from _anthropic_support import AnthropicReplies, AnthropicScripts, converse, events_text, post_messages, to_messages
-from _proxy_support import HONEST, RUNAWAY, Proxy, kinds_file, reconciles, replays, reset_all, stops_at_the_minimum
+from _proxy_support import HONEST, RUNAWAY, Proxy, bench_run_ended, reconciles, replays, reset_all, wire_proxy
 from bench.common import Workspace
 
 pytestmark = pytest.mark.timeout(600)
@@ -30,42 +30,25 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def wire(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tmp = tmp_path_factory.mktemp("anthropic")
-    with AnthropicScripts() as up, Proxy("--upstream", f"anthropic={up.root}", "--logs", str(tmp / "logs"),
-                                          "--kinds", str(kinds_file(tmp)), stderr=tmp / "err") as proxy:
-        yield up, proxy, tmp / "logs"
+    with wire_proxy(AnthropicScripts(), "anthropic", tmp_path_factory.mktemp("anthropic")) as running:
+        yield running
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-@pytest.mark.parametrize("script", RUNAWAY, ids=lambda s: s.name)
-def test_the_bench_runaways_stop_at_the_rules_minimum(wire: Any, script: Any, stream: bool) -> None:
+@pytest.mark.parametrize("script", RUNAWAY + HONEST, ids=lambda s: s.name)
+def test_the_bench_scripts_over_the_anthropic_wire(wire: Any, script: Any, stream: bool) -> None:
+    """The runaways stop at the rules' minimum, the legitimate scripts finish; report and export read
+    the logs of this wire as any other."""
     up, proxy, logs = wire
     with Workspace() as ws:
         ended = converse(proxy.base_url.removesuffix("/v1"), script.name, ws, tag=f"a-{stream}", stream=stream)
-    assert ended.stop is not None and ended.answer is not None and ended.answer.startswith(STOP_MARKER)
-    stops_at_the_minimum(script.name, ended.executions, ended.stop)
-    log = logs / f"{ended.run}.jsonl"
-    reconciles(log)
-    replays(log)
-    assert read_log(log).header.record["proxy"]["wire"] == "anthropic"
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-@pytest.mark.parametrize("script", HONEST, ids=lambda s: s.name)
-def test_the_bench_legitimate_scripts_finish(wire: Any, script: Any, stream: bool) -> None:
-    up, proxy, logs = wire
-    with Workspace() as ws:
-        ended = converse(proxy.base_url.removesuffix("/v1"), script.name, ws, tag=f"h-{stream}", stream=stream)
-    assert ended.stop is None and ended.answer and not ended.answer.startswith(STOP_MARKER), ended
-    log = logs / f"{ended.run}.jsonl"
-    assert read_log(log).stop is not None and read_log(log).stop.reason == "final_answer"
-    reconciles(log)
-    replays(log)
-    out = logs.parent / f"{ended.run}"
-    assert cli(["report", str(log), "-o", str(out) + ".html"]) == 0 and script.name in Path(str(out) + ".html").read_text()
-    assert cli(["export", "--format", "atif", str(log), "-o", str(out) + ".atif.json"]) == 0
-    steps = json.loads(Path(str(out) + ".atif.json").read_text())["steps"]
-    assert sum(len(st.get("tool_calls") or []) for st in steps) == ended.executions
+    bench_run_ended(script, ended, logs, "anthropic")
+    if script in HONEST:
+        log, out = logs / f"{ended.run}.jsonl", logs.parent / f"{ended.run}"
+        assert cli(["report", str(log), "-o", f"{out}.html"]) == 0 and script.name in Path(f"{out}.html").read_text()
+        assert cli(["export", "--format", "atif", str(log), "-o", f"{out}.atif.json"]) == 0
+        steps = json.loads(Path(f"{out}.atif.json").read_text())["steps"]
+        assert sum(len(st.get("tool_calls") or []) for st in steps) == ended.executions
 
 
 READ = {"name": "read_file", "description": "read a file", "input_schema": {

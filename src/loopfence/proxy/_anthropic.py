@@ -27,7 +27,7 @@ from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
 from ..models._errors import error_stop
 from ._answer import WIRE_EXTRA, Answer, Reader, chat_chunk, event_object, sse
-from ._wire import MAX_MESSAGES, BadRequest, Incoming, read_as, tool_items
+from ._wire import MAX_MESSAGES, BadRequest, Incoming, checked_head, read_as, tool_items
 from ._wire import kind as _kind
 
 __all__ = ["NAME", "PATH", "auth", "relays", "ERROR_KINDS", "parse", "outgoing", "reader", "render", "stream_head", "stream_text",
@@ -54,16 +54,7 @@ def error(status: int, message: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the request
 def parse(body: Any) -> Incoming:
     """The request checked (BadRequest naming the field) and read as Chat Completions."""
-    if not isinstance(body, dict):
-        raise BadRequest(f"the request body must be a JSON object, got {_kind(body)}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("model: a non-empty string is required", "model")
-    if "max_tokens" in body and (isinstance(body["max_tokens"], bool) or not isinstance(body["max_tokens"], int)
-                                 or body["max_tokens"] < 1):
-        raise BadRequest(f"max_tokens must be a positive integer, got {body['max_tokens']!r}"[:200], "max_tokens")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadRequest(f"stream must be a boolean, got {_kind(body['stream'])}", "stream")
+    body, cap = checked_head(body, cap="max_tokens")
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise BadRequest("messages must be a non-empty array", "messages")
@@ -72,10 +63,10 @@ def parse(body: Any) -> Incoming:
     tools = _tools(body.get("tools"))
     messages = _system(body.get("system")) + _messages(raw)
     choice = _choice(body.get("tool_choice"), {t["function"]["name"] for t in tools})
-    params: dict[str, Any] = {"max_tokens": body.get("max_tokens")} if isinstance(body.get("max_tokens"), int) else {}
+    params: dict[str, Any] = {"max_tokens": cap} if cap is not None else {}
     if choice is not None:
         params["tool_choice"] = choice
-    return read_as(NAME, body, messages, tools, params, model=model)
+    return read_as(NAME, body, messages, tools, params, model=body["model"])
 
 
 def _system(system: Any) -> list[dict[str, Any]]:
@@ -231,6 +222,16 @@ def outgoing(incoming: Incoming, note: str | None, max_tokens: int | None) -> di
 def auth(key: str) -> dict[str, str]:
     """The header an upstream of this wire takes its key in."""
     return {"x-api-key": key}
+
+
+def path(incoming: Incoming) -> str:
+    """The upstream's route for a request, after its root."""
+    return PATH
+
+
+def counted(tokens: int) -> dict[str, Any]:
+    """An estimate of a request's tokens, as count_tokens answers."""
+    return {"input_tokens": tokens}
 
 
 def relays(body: dict[str, Any]) -> bool:

@@ -28,7 +28,7 @@ from ..models._errors import error_stop
 from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
 from ._answer import WIRE_EXTRA, Answer, Reader, chat_chunk, event_object, sse
-from ._wire import MAX_MESSAGES, BadRequest, Incoming, read_as, tool_items
+from ._wire import MAX_MESSAGES, BadRequest, Incoming, checked_head, read_as, tool_items
 from ._wire import kind as _kind
 
 __all__ = ["NAME", "auth", "parse", "outgoing", "reader", "relays", "path", "render", "stream_head", "stream_text",
@@ -49,6 +49,11 @@ def auth(key: str) -> dict[str, str]:
     return {"x-goog-api-key": key}
 
 
+def counted(tokens: int) -> dict[str, Any]:
+    """An estimate of a request's tokens, as countTokens answers."""
+    return {"totalTokens": tokens}
+
+
 def relays(body: dict[str, Any]) -> bool:
     """Text streams as it comes (a Gemini stream is chunks of one candidate: the calls come last)."""
     return True
@@ -62,20 +67,12 @@ def path(incoming: Incoming) -> str:
 
 # ---------------------------------------------------------------------------- the request
 def parse(body: Any, model: str = "", stream: bool = False) -> Incoming:
-    if not isinstance(body, dict):
-        raise BadRequest(f"the request body must be a JSON object, got {_kind(body)}")
+    body, cap = checked_head(body, model=False, cap="maxOutputTokens", config="generationConfig")
     contents = body.get("contents")
     if not isinstance(contents, list) or not contents:
         raise BadRequest("contents must be a non-empty array", "contents")
     if len(contents) > MAX_MESSAGES:
         raise BadRequest(f"too many contents: {len(contents)} (at most {MAX_MESSAGES})", "contents")
-    config = body.get("generationConfig")
-    if config is not None and not isinstance(config, dict):
-        raise BadRequest(f"generationConfig must be an object, got {_kind(config)}", "generationConfig")
-    cap = (config or {}).get("maxOutputTokens")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-        raise BadRequest(f"generationConfig.maxOutputTokens must be a positive integer, got {cap!r}"[:200],
-                         "generationConfig.maxOutputTokens")
     tools = _tools(body.get("tools"))
     messages = _system(body.get("systemInstruction")) + _contents(contents)
     params: dict[str, Any] = {"max_tokens": cap} if isinstance(cap, int) else {}

@@ -33,7 +33,7 @@ from ..models._errors import error_stop
 from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
 from ._answer import WIRE_EXTRA, Answer, Reader, chat_chunk, event_object, sse
-from ._wire import MAX_MESSAGES, BadRequest, Incoming, read_as, tool_items
+from ._wire import MAX_MESSAGES, BadRequest, Incoming, checked_head, read_as, tool_items
 from ._wire import kind as _kind
 
 __all__ = ["NAME", "PATH", "answer_id", "auth", "parse", "outgoing", "reader", "relays", "render", "stream_head", "stream_text",
@@ -56,6 +56,11 @@ def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def path(incoming: Incoming) -> str:
+    """The upstream's route for a request, after its root."""
+    return PATH
+
+
 def relays(body: dict[str, Any]) -> bool:
     """Whether the answer's text may stream as it comes: never here. The response's id, and its
     reasoning items, which come first, are known only once it is whole."""
@@ -64,16 +69,7 @@ def relays(body: dict[str, Any]) -> bool:
 
 # ---------------------------------------------------------------------------- the request
 def parse(body: Any) -> Incoming:
-    if not isinstance(body, dict):
-        raise BadRequest(f"the request body must be a JSON object, got {_kind(body)}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("model: a non-empty string is required", "model")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadRequest(f"stream must be a boolean, got {_kind(body['stream'])}", "stream")
-    cap = body.get("max_output_tokens")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-        raise BadRequest(f"max_output_tokens must be a positive integer, got {cap!r}"[:200], "max_output_tokens")
+    body, cap = checked_head(body, cap="max_output_tokens")
     raw = body.get("input")
     if isinstance(raw, str):
         raw = [{"type": "message", "role": "user", "content": raw}]
@@ -96,7 +92,7 @@ def parse(body: Any) -> Incoming:
     if choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function"):
         params["tool_choice"] = "required" if choice == "required" else \
             {"type": "function", "function": {"name": str(choice.get("name"))}}
-    return dataclasses.replace(read_as(NAME, body, messages, tools, params, model=model), follows=follows)
+    return dataclasses.replace(read_as(NAME, body, messages, tools, params, model=body["model"]), follows=follows)
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:

@@ -109,7 +109,7 @@ class Upstream:
             m = self._wire_models[(wire, stream)] = OpenAIModel(self.wires[wire], stream=stream, tool_choice=None,
                                                                 transport=self._transport)
         reader = dialect.reader(incoming)
-        route = dialect.path(incoming) if hasattr(dialect, "path") else dialect.PATH
+        route = dialect.path(incoming)
         reply = await m.apost(body, url=self.wires[wire] + route, headers=headers, read_json=reader.json,
                               read_event=reader.event, tools=tools,
                               text=relay if dialect.relays(body) else None)  # else the answer goes whole
@@ -157,7 +157,7 @@ class Upstream:
         as it came: (status, JSON body). With none, an estimate of the tokens (its text units)."""
         if wire not in self.wires:  # an estimate (its text units), in the wire's own shape
             n = TokenEstimator().estimate(text_units(canonical_json(body)))
-            return 200, {"totalTokens": n} if wire == _gemini.NAME else {"input_tokens": n}
+            return 200, DIALECTS[wire].counted(n)
         headers = self._headers(wire, forward)
         try:
             async with httpx.AsyncClient(transport=self._transport, timeout=30.0) as client:

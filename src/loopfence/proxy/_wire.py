@@ -17,7 +17,7 @@ from typing import Any
 from .._json import canonical_json
 from ._view import digests, marks, view
 
-__all__ = ["BadRequest", "Incoming", "parse", "read_as", "tool_items", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
+__all__ = ["BadRequest", "Incoming", "parse", "read_as", "tool_items", "checked_head", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
 MAX_MESSAGES = 4096  # a conversation longer than this is refused (no agent loop gets near it)
 MAX_TOOLS = 512
@@ -123,6 +123,29 @@ def parse(body: Any) -> Incoming:
     model = body.get("model")
     return read_as(None, body, messages, tools, params, bool(options and options.get("include_usage")),
                    model if isinstance(model, str) else None)
+
+
+def checked_head(body: Any, *, model: bool = True, cap: str | None = None,
+                 config: str | None = None) -> tuple[dict[str, Any], int | None]:
+    """Another wire's request body checked as an object, with a non-empty string `model` (when the body
+    names it), a boolean `stream`, and its token cap (`cap`, inside the `config` object if given) a
+    positive integer: (the body, the cap or None)."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"the request body must be a JSON object, got {kind(body)}")
+    if model and (not isinstance(body.get("model"), str) or not body["model"]):
+        raise BadRequest("model: a non-empty string is required", "model")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest(f"stream must be a boolean, got {kind(body['stream'])}", "stream")
+    holder = body
+    if config is not None:
+        holder = body.get(config) if body.get(config) is not None else {}
+        if not isinstance(holder, dict):
+            raise BadRequest(f"{config} must be an object, got {kind(holder)}", config)
+    value = holder.get(cap) if cap is not None else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        where = f"{config}.{cap}" if config else str(cap)
+        raise BadRequest(f"{where} must be a positive integer, got {value!r}"[:200], where)
+    return body, value
 
 
 def tool_items(tools: Any, at: str = "tools.{}") -> list[tuple[str, dict[str, Any]]]:
