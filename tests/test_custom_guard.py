@@ -76,9 +76,10 @@ def test_readme_guard_stops_the_second_delete(tmp_path: Path) -> None:
     assert events[-1].record["reason"] == "guard"
     # reconcile re-checks the stop with the guard it is given; without it, it says whose stop it was
     assert reconcile(path, guards=[guard()]).ok
-    without = reconcile(path)
-    assert not without.ok
-    assert any("custom guard 'DeleteTwice'" in c.detail for c in without.failed), without.failed
+    without = reconcile(path)  # the stop's check cannot be made without it: unchecked, naming it, not failed
+    assert without.holds and without.unchecked == ("limit_reached",) and without.custom_guards == ("DeleteTwice",)
+    assert "limit_reached" not in {c.name for c in without.checks}
+    assert "custom guard DeleteTwice" in without.why_unchecked("limit_reached")
 
 
 def test_refuse_refuses_one_call_and_the_run_goes_on() -> None:

@@ -22,11 +22,14 @@ REPLIES = EXAMPLES / "replies.jsonl"
 ANSWER = "app/config.py turns debugging off (DEBUG = False) and reads the port from PORT."
 
 
+CONFIG = 'import os\n\nDEBUG = False\nPORT = int(os.environ.get("PORT", "8000"))\n'  # what ANSWER says of it
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     (ws / "app").mkdir(parents=True)
-    (ws / "app" / "config.py").write_text('import os\n\nDEBUG = False\nPORT = int(os.environ.get("PORT", "8000"))\n')
+    (ws / "app" / "config.py").write_text(CONFIG)
     return ws
 
 
@@ -36,11 +39,22 @@ def loopfence(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+EPISODES = EXAMPLES / "episodes.jsonl"  # the README's batch: episodes, not replies
+
+
 def test_every_example_file_is_a_valid_script() -> None:
-    files = sorted(EXAMPLES.glob("*.jsonl"))
+    files = sorted(set(EXAMPLES.glob("*.jsonl")) - {EPISODES})
     assert REPLIES in files
     for path in files:
         assert load_forms(path), path  # a bad form raises FormError naming the line
+
+
+def test_the_episodes_example_loads_and_its_workspace_holds_the_config() -> None:
+    from loopfence._batch import load_episodes
+
+    episodes = load_episodes(EPISODES)
+    assert [e.id for e in episodes] == ["config", "config-again"]
+    assert all((Path(e.workspace or "") / "app" / "config.py").read_text() == CONFIG for e in episodes)
 
 
 def test_replies_jsonl_with_run_script(workspace: Path) -> None:

@@ -19,7 +19,7 @@ PACKAGE = "loopfence"
 
 # Lowest first. A module belongs to the layer of the longest entry that is its name or a package above it.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["_aio", "_json", "_stops", "_limits", "_messages", "_printable", "_tokens", "_repeats",
+    ("base", ["_aio", "_json", "_keywords", "_stops", "_limits", "_messages", "_printable", "_tokens", "_repeats",
               "_prices", "_conversation"]),
     ("contract/tools/models/log", ["_contract", "_answer", "_compact", "tools", "models", "_log", "mcp", "_hooks"]),
     ("state/guards", ["_state", "_guards", "_gate"]),

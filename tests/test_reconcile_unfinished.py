@@ -16,7 +16,7 @@ from loopfence._drivers._reconcile import INVARIANTS, NEED_THE_STOP
 from _runlog_support import (config_script, counter_script, counter_tools, edit_events, make_workspace,
                              read_lines, record, write_lines)
 
-RECONCILE_KEYS = {"log", "finished", "ok", "holds", "checks", "unchecked", "resume"}
+RECONCILE_KEYS = {"log", "finished", "ok", "holds", "checks", "unchecked", "custom_guards", "resume"}
 REPLAY_KEYS = {"log", "ok", "same_stop", "what_if", "overrides", "recorded", "replayed", "divergence",
                "past_end", "executed", "lines"}
 
@@ -69,7 +69,8 @@ def test_a_torn_last_line_is_an_unfinished_run_too(counter_log: Path, tmp_path: 
     torn.write_text("".join(text[:6]) + text[6][:25])  # killed mid-write
     assert cli(["reconcile", str(torn), "--json"]) == 3
     out = json.loads(capsys.readouterr().out)
-    assert out["finished"] is False and out["holds"] is True and out["resume"] == f"loopfence resume {torn}"
+    assert out["finished"] is False and out["holds"] is True
+    assert out["resume"] == f"loopfence resume {torn} --tools MODULE:ATTR"  # Python tools: the flag they need
     rec = reconcile(torn)
     assert rec.torn_bytes == 25 and rec.lines == 6
 

@@ -31,6 +31,7 @@ from ._compact import Compaction
 from ._conversation import Task, check_task
 from ._gate import ApprovalHook, UntrustedGate
 from ._guards import Guard
+from ._keywords import keywords_checked, unknown_keywords
 from ._limits import Limits, Policy
 from ._loop import LogArg, RunSettings, Settings, arun_with, check_model, check_price, to_stop
 from ._prices import PricesArg
@@ -114,18 +115,18 @@ class Agent:
     # -- one task ------------------------------------------------------------------------------------
     async def arun(self, task: Task, **changes: Unpack[RunSettings]) -> RunResult:
         """`arun()` with the agent's settings (any of them changed for this call by keyword)."""
-        return await arun_with(task, self._settings(changes))
+        return await arun_with(task, self._settings(changes, called="Agent.arun()"))
 
     def run(self, task: Task, **changes: Unpack[RunSettings]) -> RunResult:
         """The run from sync code, on the agent's event loop (see the class): its RunResult."""
-        settings = self._settings(changes)
+        settings = self._settings(changes, called="Agent.run()")
         return self._loop.run(lambda: to_stop(task, settings))[0]
 
     def stream(self, task: Task, **changes: Unpack[RunSettings]) -> RunStream:
         """`stream()` with the agent's settings: `async for` / `for` over the run's typed events (a
         sync `for` runs on the agent's event loop, over its connection pool)."""
         check_task(task)
-        return RunStream(task, self._settings(changes), self._loop.run)
+        return RunStream(task, self._settings(changes, called="Agent.stream()"), self._loop.run)
 
     # -- many ----------------------------------------------------------------------------------------
     async def abatch(self, episodes: Episodes = None, *, out: str | Path, **options: Any) -> BatchResult:
@@ -156,16 +157,13 @@ class Agent:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _settings(self, changes: Mapping[str, Any], *, own: bool = True) -> RunSettings:
+    def _settings(self, changes: Mapping[str, Any], *, own: bool = True, called: str = "Agent.run()") -> RunSettings:
         """One run's settings: the agent's, with `changes` checked as Agent(...) checks. `own`: the
         run gets its own copy of the gate and of each guard (their counts and taint are one run's:
         an agent's second run starts clean); a one-task agent (`run()`) passes the caller's own."""
         changes = dict(changes)
         log = changes.pop("log") if "log" in changes else self.new_log()
-        unknown = sorted(set(changes) - set(_SETTINGS))
-        if unknown:
-            raise TypeError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                            f"(an Agent's: {', '.join(_SETTINGS)}, log)")
+        unknown_keywords(called, changes, [*_SETTINGS, "log"])
         me = dataclasses.replace(self, **changes) if changes else self
         settings: dict[str, Any] = {name: getattr(me, name) for name in _SETTINGS}
         settings.update(header=me.header or None, log=log)
@@ -182,6 +180,7 @@ class Agent:
 
 
 _SETTINGS = tuple(f.name for f in dataclasses.fields(Agent) if f.init and f.name != "log")
+keywords_checked(Agent)  # Agent(limts=...) names Agent() and the nearest setting
 
 
 def _check_folder(log: Any) -> None:
@@ -218,6 +217,7 @@ def run(task: Task, *, model: Model, log: LogArg = None, **settings: Unpack[Sett
     counts dollars. A cost budget for a model with no known price raises PriceError (a ValueError)
     before anything is written or sent.
     """
+    unknown_keywords("run()", settings, [*_SETTINGS, "log"])
     one = Agent(model=model, **settings)._settings({"log": log}, own=False)
     return run_sync(to_stop(task, one))[0]
 
@@ -238,6 +238,7 @@ async def arun(task: Task, *, model: Model, log: LogArg = None, **settings: Unpa
     a bug inside loopfence ends it `internal_error` with the traceback in the stop's data.
     Arguments as `run()`.
     """
+    unknown_keywords("arun()", settings, [*_SETTINGS, "log"])
     return await arun_with(task, Agent(model=model, **settings)._settings({"log": log}, own=False))
 
 
@@ -245,5 +246,6 @@ def stream(task: Task, *, model: Model, log: LogArg = None, **settings: Unpack[S
     """The run as a stream of its typed events (loopfence._log._schema), ending with the stop; the
     final RunResult is `.result` once the stop has been yielded. `async for` or plain `for` (see
     RunStream; a plain `for` runs on a fresh event loop of its own). Arguments as `run()`."""
+    unknown_keywords("stream()", settings, [*_SETTINGS, "log"])
     check_task(task)
     return RunStream(task, Agent(model=model, **settings)._settings({"log": log}, own=False))

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ._keywords import keywords_checked
+
 __all__ = ["Limits", "Policy", "Ledger", "LedgerSnapshot", "parse_limit"]
 
 
@@ -15,6 +17,7 @@ def _fields_of(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
+@keywords_checked
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Every budget and repetition rule of a run. `None` means unlimited; there is no magic 0.
@@ -181,6 +184,7 @@ def parse_limit(text: str) -> tuple[str, Any]:
     return name, _coerce(name, value)
 
 
+@keywords_checked
 @dataclass(frozen=True, slots=True)
 class Policy:
     """What to do with a bad call: stop (fail closed) or tell the model and go on; and what counts as

@@ -10,6 +10,7 @@ in `main()`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import importlib
 import os
@@ -27,14 +28,35 @@ BROKEN_PIPE = 141  # the exit code when whoever reads our stdout has gone (128 +
 _OUTPUT_ERRORS = {errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EBADF}  # stdout failed
 
 
+class _Parser(argparse.ArgumentParser):
+    """A command's parser: its errors show its own usage, and a mistyped flag its nearest name."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}{_nearest(self, message)}\n")
+
+
+def _nearest(parser: argparse.ArgumentParser, message: str) -> str:
+    """`; did you mean --limit?` for the first unknown flag the message names (nothing when none is near)."""
+    if not message.startswith("unrecognized arguments: "):
+        return ""
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for word in message.removeprefix("unrecognized arguments: ").split():
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
+
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
-    parser = argparse.ArgumentParser(prog="loopfence", description=(
+    parser = _Parser(prog="loopfence", description=(
         "Run LLM tool-calling loops that always end for a named reason, count what ran, "
         "and leave a log that can be replayed, reconciled and resumed."),
         epilog="Exit codes: each command's --help lists its own (2 is always a usage error); a closed "
         f"output pipe (`| head`) ends any command quietly with {BROKEN_PIPE}.")
     parser.add_argument("--version", action="version", version=f"loopfence {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     modules = {}
     for name in COMMANDS:
         mod = importlib.import_module(f"loopfence._commands.{name}")
@@ -48,7 +70,10 @@ def cli(argv: list[str] | None = None) -> int:
     return its exit code. Usage errors and unwritable run logs are one line on stderr, exit 2."""
     parser, modules = _parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # a command's own flag mistyped: that command's usage, not the top level's
+            chosen = _subparsers(parser).get(getattr(args, "command", None) or "", parser)
+            chosen.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse: --help exits 0, bad usage exits 2
         return int(exc.code or 0)
     if not args.command:
@@ -63,6 +88,13 @@ def cli(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         stderr.print("loopfence: interrupted", markup=False)
         return 130
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def main() -> None:

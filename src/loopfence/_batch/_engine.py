@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .._keywords import keywords_checked
 from .._aio import run_sync
 from .._json import dumps, loads
 from .._limits import Limits, Policy
@@ -67,6 +68,7 @@ class BatchResult:
     interrupted: str | None = None  # why some episodes have no row yet (`resume` finishes them)
 
 
+@keywords_checked
 async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | None = None, *,
                  model: ModelSource, out: str | Path, tools: ToolSource = (), concurrency: int = 16,
                  resume: bool = False, retry_stops: Iterable[str | StopReason] = (), max_retries: int = 1,
@@ -163,6 +165,7 @@ async def abatch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | 
     return BatchResult(folder, summary, ordered, why)
 
 
+@keywords_checked
 def batch(episodes: str | Path | Iterable[Episode | Mapping[str, Any]] | None = None, *, model: ModelSource,
           out: str | Path, tools: ToolSource = (), concurrency: int = 16, resume: bool = False,
           retry_stops: Iterable[str | StopReason] = (), max_retries: int = 1,

@@ -9,6 +9,8 @@ them at once (EpisodeError) and nothing runs.
 
 from __future__ import annotations
 
+import difflib
+
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +42,9 @@ class Problem:
         return f"{where}: {self.field}: {self.problem}" if self.field else f"{where}: {self.problem}"
 
 
+UNKNOWN_KEY = "unknown key"
+
+
 class EpisodeError(ValueError):
     """Episodes that cannot be used; `problems` names each file, line and field."""
 
@@ -47,8 +52,10 @@ class EpisodeError(ValueError):
         self.problems = problems
         shown = "; ".join(str(p) for p in problems[:SHOWN])
         more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
-        super().__init__(f"{len(problems)} bad episode line(s): {shown}{more}" if len(problems) > 1
-                         else shown)
+        keys = f"; an episode's keys are {', '.join(EPISODE_KEYS)}" \
+            if any(p.problem.startswith(UNKNOWN_KEY) for p in problems) else ""  # said once, not per line
+        super().__init__((f"{len(problems)} bad episode line(s): {shown}{more}" if len(problems) > 1
+                          else shown) + keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +196,8 @@ def _episode(data: Any, file: str, n: int, root: Path, known: set[str] | None,
         return None
     for key in data:
         if key not in EPISODE_KEYS:
-            fail(str(key), f"unknown key (known: {', '.join(EPISODE_KEYS)})")
+            near = difflib.get_close_matches(str(key), EPISODE_KEYS, n=1)
+            fail(str(key), UNKNOWN_KEY + (f" (did you mean {near[0]!r}?)" if near else ""))
     ident = data.get("id")
     if isinstance(ident, int) and not isinstance(ident, bool):
         ident = str(ident)

@@ -20,8 +20,9 @@ from .._log._schema import (AnswerLine, GateLine, LastAnswerLine, LogEvent, Nudg
 from .._printable import markup, printable, rich_text
 from .._stops import RunResult
 
-__all__ = ["UsageError", "add_profile_flag", "limits_from_flags", "default_log_path", "check_new_log", "not_the_input",
-           "live_printer", "print_answer", "print_summary", "print_token_table", "stderr"]
+__all__ = ["UsageError", "one_log", "add_profile_flag", "limits_from_flags", "default_log_path", "check_new_log",
+           "not_the_input",
+           "live_printer", "print_answer", "print_quiet", "print_summary", "print_token_table", "stderr"]
 
 # emoji off: a ":name:" in a model's text stays text (markup is escaped where values are shown)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -30,6 +31,20 @@ DETAIL_CHARS = 2_000  # a stop detail or a divergence shown on the console
 
 class UsageError(Exception):
     """Bad command-line input or input file: printed as one line, exit 2."""
+
+
+def one_log(command: str, logs: list[str]) -> str:
+    """The one log a command takes (its positional has nargs="+", so that a glob of several gets a clear
+    error, naming the newest of them, rather than "unrecognized arguments")."""
+    if len(logs) == 1:
+        return logs[0]
+    shown = ", ".join(logs[:3]) + (", …" if len(logs) > 3 else "")
+    try:
+        newest = max(logs, key=lambda p: os.stat(p).st_mtime)
+        then = f"; the newest is {newest}"
+    except OSError:
+        then = ""
+    raise UsageError(f"{command} takes one log, got {len(logs)} ({shown}){then}")
 
 
 def add_profile_flag(p: Any) -> None:
@@ -200,6 +215,16 @@ def print_summary(result: RunResult, console: Console = stderr,
     elif getattr(result, "last_answer", None):  # Policy(last_answer=True): salvaged after a KILL, said so, never on stdout
         console.print(f"last answer (not shipped, {result.stop.reason}):", markup=False)
         console.print(printable(result.last_answer), markup=False, highlight=False)
+
+
+def print_quiet(result: RunResult) -> None:
+    """`--quiet`: the final answer alone on stdout; a run with no answer (a KILL) says why on stderr,
+    in one line (the stop, its detail and the log), so that silence never means "it failed"."""
+    print_answer(result)
+    if not result.final_answer:
+        log = f" (log: {result.log_path})" if result.log_path else ""
+        stderr.print(f"stop {result.stop.reason} ({result.verdict}): "
+                     f"{printable(result.stop.detail, DETAIL_CHARS, one_line=True)}{log}", markup=False)
 
 
 def print_answer(result: RunResult) -> None:

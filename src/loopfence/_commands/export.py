@@ -1,9 +1,13 @@
-"""`loopfence export LOG --format atif|otlp`: the run in a format other tools read."""
+"""`loopfence export LOG... --format atif|otlp`: the run in a format other tools read.
+
+One log: one JSON document (ATIF indented). Several logs: JSON Lines, one compact document per log in
+the order given (a line on stderr for each log that cannot be read, and exit 2 when any could not)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +16,7 @@ from .._printable import printable
 from .._report._atif import to_atif
 from .._log import LogError
 from .._log._reader import RunLogFile, read_log
-from ._common import UsageError, not_the_input, stderr
+from ._common import DETAIL_CHARS, UsageError, not_the_input, stderr
 from .reconcile import warn_out_of_order
 
 __all__ = ["add_parser", "main"]
@@ -28,9 +32,10 @@ def add_parser(sub: Any) -> None:
         "observation.results and metrics). --format otlp gives the run's OpenTelemetry GenAI spans "
         "(invoke_agent, chat, execute_tool; the same spans a live run gives with loopfence.instrument()) "
         "as OTLP/JSON, or sends them to a collector over OTLP/HTTP with --endpoint "
-        "(needs loopfence[otel]). Exit: 0 written, 1 the output could not be written (standard output), "
+        "(needs loopfence[otel]). Several logs (runs/*.jsonl): JSON Lines, one document per log. "
+        "Exit: 0 written, 1 the output could not be written (standard output), "
         "2 an unreadable log or a usage error (-o the log itself included)."))
-    p.add_argument("log", metavar="LOG.jsonl", help="the run log")
+    p.add_argument("log", metavar="LOG.jsonl", nargs="+", help="the run log (or several: JSON Lines)")
     p.add_argument("--format", choices=FORMATS, default="atif", help="output format (default: atif)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
     p.add_argument("--endpoint", metavar="URL", nargs="?", const="", default=None,
@@ -42,13 +47,16 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    not_the_input(args.output, args.log)
+    for log in args.log:
+        not_the_input(args.output, log)
     if args.format == "otlp":
         return _otlp(args)
     if args.endpoint is not None or args.include_content:
         raise UsageError("--endpoint and --include-content go with --format otlp")
+    if len(args.log) > 1:
+        return _lines(args, lambda log: to_atif(_read(log)))
     try:
-        doc = to_atif(_read(args.log))
+        doc = to_atif(_read(args.log[0]))
     except LogError as exc:
         raise UsageError(str(exc)) from None
     text = dumps(doc, indent=2) + "\n"  # a lone surrogate from the log stays escaped
@@ -59,6 +67,24 @@ def main(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _lines(args: argparse.Namespace, convert: Callable[[str], Any]) -> int:
+    """Several logs: one compact JSON document per line, on stdout or in -o."""
+    lines, bad = [], 0
+    for log in args.log:
+        try:
+            lines.append(dumps(convert(log)) + "\n")
+        except LogError as exc:
+            stderr.print(f"loopfence export: {printable(exc, DETAIL_CHARS)}", markup=False)
+            bad += 1
+    if args.output:
+        _write(args.output, "".join(lines))
+        stderr.print(f"wrote {printable(args.output)} ({len(lines)} of {len(args.log)} logs, JSON Lines)",
+                     markup=False)
+    else:
+        sys.stdout.writelines(lines)
+    return 2 if bad else 0
 
 
 def _read(path: str) -> RunLogFile:
@@ -87,8 +113,10 @@ def _otlp(args: argparse.Namespace) -> int:
             traces_url(args.endpoint)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if len(args.log) > 1 and args.endpoint is None:
+        return _lines(args, lambda log: to_otlp_json(spans_from_log(_read(log), include_content=args.include_content)))
     try:
-        spans = spans_from_log(_read(args.log), include_content=args.include_content)
+        spans = [s for log in args.log for s in spans_from_log(_read(log), include_content=args.include_content)]
     except LogError as exc:
         raise UsageError(str(exc)) from None
     if args.endpoint is not None:

@@ -25,8 +25,8 @@ from .._printable import printable
 from ..mcp import McpUsageError, open_from_args
 from ..mcp import add_flags as add_mcp_flags
 from .._log import LogError
-from ._common import UsageError, stderr
-from ._toolspec import load_tools
+from ._common import UsageError, one_log, stderr
+from ._toolspec import add_guard_flag, load_guards, load_tools
 
 __all__ = ["add_parser", "main", "to_json"]
 
@@ -43,7 +43,8 @@ def add_parser(sub: Any) -> None:
         "as the run started). With --limit the replay answers 'would this budget have stopped it "
         "earlier?' and a different stop is the answer (exit 0). A run with custom or MCP tools replays "
         "from their recorded results; --tools and --mcp run them for real and compare."))
-    p.add_argument("log", metavar="LOG.jsonl", help="the run log")
+    p.add_argument("log", metavar="LOG.jsonl", nargs="+", help="the run log (one)")
+    add_guard_flag(p)
     p.add_argument("--execute-tools", action="store_true",
                    help="run the built-in workspace tools for real, in a private folder holding the "
                         "workspace as the run started, and compare their results with the recorded ones. "
@@ -73,6 +74,8 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    path = one_log("replay", args.log)
+    guards = [make() for make in load_guards(args.guard)] or None
     overrides: dict[str, Any] = {}
     for text in args.limit:
         try:
@@ -85,8 +88,8 @@ def main(args: argparse.Namespace) -> int:
     custom = load_tools(args.tools)
     try:
         with open_from_args(args, reserved=[t.name for t in custom]) as mcp:
-            report = replay(args.log, limits=overrides, execute_tools=args.execute_tools,
-                            tools=[*custom, *mcp], workspace=args.workspace,
+            report = replay(path, limits=overrides, execute_tools=args.execute_tools,
+                            tools=[*custom, *mcp], guards=guards, workspace=args.workspace,
                             workspace_as_is=args.workspace_as_is)
     except LogError as exc:
         raise UsageError(str(exc)) from None

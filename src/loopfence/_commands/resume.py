@@ -18,8 +18,9 @@ from .._log._schema import HeaderLine
 from .._log._reader import read_log
 from .._drivers._rebuild import ModelRebuildError, model_of
 from .._drivers._resume import recorded_workspace_tools, resume
-from ._common import DETAIL_CHARS, UsageError, limits_from_flags, live_printer, print_answer, print_summary, stderr
-from ._toolspec import load_tools
+from ._common import (DETAIL_CHARS, UsageError, limits_from_flags, live_printer, one_log, print_quiet, print_summary,
+                      stderr)
+from ._toolspec import add_guard_flag, load_guards, load_tools
 from .reconcile import reconcile_own_log
 
 __all__ = ["add_parser", "main"]
@@ -37,7 +38,8 @@ def add_parser(sub: Any) -> None:
         "that stop (a new segment of the same log), optionally with another --base-url/--model and "
         "raised --limit values; a run that ended any other way says so (exit 0). "
         "Exit: 0 SHIP, 1 KILL, 2 the log cannot be resumed."))
-    p.add_argument("log", metavar="LOG.jsonl", help="the run log")
+    p.add_argument("log", metavar="LOG.jsonl", nargs="+", help="the run log (one)")
+    add_guard_flag(p)
     p.add_argument("--workspace", metavar="DIR",
                    help="folder for the file tools (default: the workspace recorded in the header)")
     p.add_argument("--quiet", action="store_true", help="nothing on stderr but problems: no live step "
@@ -55,12 +57,14 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    path = one_log("resume", args.log)
+    guards = [make() for make in load_guards(args.guard)] or None
     if args.workspace and not Path(args.workspace).is_dir():
         raise UsageError(f"--workspace {args.workspace}: not a folder")
     limits_from_flags(args.limit)  # every flag parses (one line each, exit 2)
     changed = dict(parse_limit(text) for text in args.limit)
     try:
-        log = read_log(args.log, tolerant=True)
+        log = read_log(path, tolerant=True)
         builtins = recorded_workspace_tools(log, args.workspace)
     except LogError as exc:
         raise UsageError(str(exc)) from None
@@ -70,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     model = _model(log.header, args.base_url, args.model, sum(e.event == "reply" for e in log.events))
     try:
         with open_from_args(args, reserved=[t.name for t in (*builtins, *custom)]) as mcp:
-            outcome = resume(args.log, tools=builtins, extra_tools=[*custom, *mcp], model=model,
+            outcome = resume(path, tools=builtins, extra_tools=[*custom, *mcp], model=model, guards=guards,
                              limits=changed or None, on_event=None if args.quiet else live_printer())
     except McpUsageError as exc:
         raise UsageError(str(exc)) from None
@@ -82,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
     if outcome.result is None:
         return 0
     if args.quiet:
-        print_answer(outcome.result)
+        print_quiet(outcome.result)
     else:
         print_summary(outcome.result)
     ok = reconcile_own_log(outcome.path, quiet=args.quiet)

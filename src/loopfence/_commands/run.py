@@ -25,7 +25,7 @@ from .._log import RunLog
 from ..tools import workspace_tools
 from ..tools._manifest import snapshot_path
 from ._common import (UsageError, add_profile_flag, check_new_log, default_log_path, limits_from_flags,
-                      live_printer, print_answer, print_summary, stderr)
+                      live_printer, print_quiet, print_summary, stderr)
 from ._toolspec import load_tools
 from .reconcile import reconcile_own_log
 
@@ -225,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
         except McpUsageError as exc:
             raise UsageError(str(exc)) from None
     if args.quiet:
-        print_answer(result)
+        print_quiet(result)
     else:
         print_summary(result)
     reconciled = reconcile_own_log(result.log_path, quiet=args.quiet)  # the log must add up; say so

@@ -33,7 +33,7 @@ from .._messages import Reply
 from .._stops import StopReason, Verdict, left_by_client
 from ._prefix import fold_prefix
 from ._rebuild import recorded_limits, recorded_policy, registry_of
-from ._refold import refold
+from ._refold import missing_guards, refold
 
 __all__ = ["Check", "Reconciliation", "reconcile", "out_of_order", "INVARIANTS", "NEED_THE_STOP"]
 
@@ -78,7 +78,10 @@ class Check:
 class Reconciliation:
     """Every invariant checked on one log. `ok`: the run finished and every invariant holds. For an
     unfinished log (`finished` False: no stop line) `checks` holds what its lines can show and
-    `unchecked` the invariants that need the stop line; `holds` says whether what was checked holds."""
+    `unchecked` the invariants that need the stop line; `holds` says whether what was checked holds.
+    A log showing a custom guard the check was not given (`custom_guards`), whose stop the built-in
+    guards alone do not reach, has `limit_reached` in `unchecked` rather than failed: its stop cannot be
+    re-checked without that guard."""
 
     path: str
     checks: tuple[Check, ...]
@@ -86,6 +89,14 @@ class Reconciliation:
     unchecked: tuple[str, ...] = ()
     lines: int = 0  # the log's complete lines (header included)
     torn_bytes: int = 0  # an incomplete last line set aside (an unfinished log only)
+    custom_guards: tuple[str, ...] = ()  # custom guards the log shows and the check was not given
+
+    def why_unchecked(self, name: str) -> str:
+        """Why an invariant in `unchecked` was not checked, in words."""
+        if name == "limit_reached" and self.custom_guards:
+            return (f"custom guard {', '.join(self.custom_guards)}: the ring cannot run again without it "
+                    "(reconcile(path, guards=[...]), or --guard MODULE:NAME)")
+        return "needs the stop line, which the run has not written"
 
     @property
     def ok(self) -> bool:
@@ -117,10 +128,13 @@ def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = Non
     stops = [e for e in log.events if isinstance(e, StopLine)]
     if log.torn_bytes and stops:  # only a run cut off before its stop may leave half a line
         read_log(log.path)  # raises, naming the line
+    missing = tuple(missing_guards(log, guards))
     if not stops:
-        return _unfinished(log, guards)
+        return _unfinished(log, guards, missing)
+    limit = _limit(log, _stop_of(log, stops), guards)
+    missing = () if limit.ok else missing  # the built-in guards agree without it: a real pass
     turns = [_turn(e) for e in log.events if isinstance(e, ReplyLine)]
-    stop = log.stop or (stops[-1] if stops else None)
+    stop = _stop_of(log, stops)
     ledger: dict[str, Any] = stop.ledger if stop else {}
     results = [e for e in log.events if isinstance(e, ResultLine)]
     calls = [e for e in log.events if isinstance(e, CallLine)]
@@ -138,13 +152,14 @@ def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = Non
         _tokens(ledger, turns, stop),
         _stop_last(log, stops),
         _stop_known(stop),
-        _limit(log, stop, guards),
+        *(() if missing else (limit,)),
         _overwritten(log, turns),
     ]
-    return Reconciliation(log.path, tuple(checks), lines=len(log.events) + 1)
+    return Reconciliation(log.path, tuple(checks), lines=len(log.events) + 1,
+                          unchecked=("limit_reached",) if missing else (), custom_guards=missing)
 
 
-def _unfinished(log: RunLogFile, guards: list[Guard] | None) -> Reconciliation:
+def _unfinished(log: RunLogFile, guards: list[Guard] | None, missing: tuple[str, ...]) -> Reconciliation:
     """What the lines of a log with no stop can show; the calls of its last turn may still be open."""
     turns = [_turn(e) for e in log.events if isinstance(e, ReplyLine)]
     results = [e for e in log.events if isinstance(e, ResultLine)]
@@ -153,12 +168,19 @@ def _unfinished(log: RunLogFile, guards: list[Guard] | None) -> Reconciliation:
     steps = [e.step for e in log.events if isinstance(e, RequestLine)]
     in_order = steps == list(range(1, len(steps) + 1))
     folded = fold_prefix(log, guards)
+    missing = () if folded.ok else missing
     checks = (_in_order(log), *_pairing(turns, results, open_step), _intents(calls, results, open_step),
               _taint(log, results),
               Check("steps_are_requests", in_order, f"request events: {len(steps)}, steps in order" if in_order
                     else f"steps out of order: {steps}"),
-              Check("limit_reached", folded.ok, folded.detail), _overwritten(log, turns, finished=False))
-    return Reconciliation(log.path, checks, False, NEED_THE_STOP, len(log.events) + 1, log.torn_bytes)
+              *(() if missing else (Check("limit_reached", folded.ok, folded.detail),)),
+              _overwritten(log, turns, finished=False))
+    return Reconciliation(log.path, checks, False, (*NEED_THE_STOP, *(("limit_reached",) if missing else ())),
+                          len(log.events) + 1, log.torn_bytes, missing)
+
+
+def _stop_of(log: RunLogFile, stops: list[StopLine]) -> StopLine | None:
+    return log.stop or (stops[-1] if stops else None)
 
 
 def _turn(e: ReplyLine) -> _Turn:

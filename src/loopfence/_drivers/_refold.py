@@ -41,12 +41,12 @@ from .._json import dumps
 from .._limits import Limits
 from .._log._large import short_key
 from .._log._reader import RunLogFile
-from .._log._schema import StopLine
+from .._log._schema import GuardLine, ResultLine, StopLine
 from .._stops import Stop, StopReason, left_by_client
 from ._playback import Divergence, Playback, PlaybackLog, RecordingEnded, decisions
 from ._rebuild import gated_names, limits_of, registry_of
 
-__all__ = ["Refold", "refold", "FROM_OUTSIDE", "ANYTIME"]
+__all__ = ["Refold", "refold", "custom_guards", "missing_guards", "FROM_OUTSIDE", "ANYTIME"]
 
 # What an operation the ring awaits (a model request, a tool, the user's Ctrl-C) may end a run with:
 # the ring takes these from the log where the recorded model call or tool ended the run. A fenced
@@ -70,19 +70,32 @@ class Refold:
     decided: bool = False  # the ring decided `stop` itself (False: taken from the recording)
 
 
+def custom_guards(log: RunLogFile) -> dict[str, int]:
+    """The custom guards the log shows at work, each with the first line naming it: their notes
+    (`guard` events), their refusals (a result's error `guard:NAME`) and their stop. Only custom
+    guards write these; one that never noted, refused or stopped left no trace (and changed nothing)."""
+    seen: dict[str, int] = {}
+    for e in log.events:
+        if isinstance(e, GuardLine):
+            seen.setdefault(e.guard, e.line)
+        elif isinstance(e, ResultLine) and (e.error or "").startswith("guard:"):
+            seen.setdefault((e.error or "")[len("guard:"):], e.line)
+        elif isinstance(e, StopLine) and e.reason == StopReason.GUARD and isinstance(e.data.get("guard"), str):
+            seen.setdefault(e.data["guard"], e.line)
+    return seen
+
+
+def missing_guards(log: RunLogFile, guards: list[Guard] | None) -> dict[str, int]:
+    """The custom guards the log shows (`custom_guards`) that `guards` does not hold: without them the
+    ring cannot be run again as the run ran."""
+    given = {g.guard_name for g in guards or ()}
+    return {name: line for name, line in custom_guards(log).items() if name not in given}
+
+
 def refold(log: RunLogFile, guards: list[Guard] | None = None) -> Refold:
     """Fold a finished log through the ring with the guards it runs (plus `guards`, fresh ones, for
     a run that had extra guards). LogError when the header cannot be turned back into a run."""
-    verdict = _refold(log, guards)
-    stop = log.stop
-    if verdict.ok or stop is None or stop.reason != StopReason.GUARD:
-        return verdict
-    name = stop.data.get("guard")
-    if any(g.guard_name == name for g in guards or ()):
-        return verdict
-    return Refold(False, f"line {stop.line}: the log stops {stop.reason}, by the custom guard {name!r}, which "
-                  "this check was not given: pass a fresh one (`reconcile(path, guards=[...])`) to check that "
-                  f"stop (without it: {verdict.detail})", verdict.stop, verdict.decided)
+    return _refold(log, guards)
 
 
 def _refold(log: RunLogFile, guards: list[Guard] | None) -> Refold:

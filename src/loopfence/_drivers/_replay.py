@@ -40,6 +40,7 @@ from ..tools._manifest import (Manifest, ManifestError, compare, recorded_start,
                                restore_snapshot)
 from ..tools._registry import Tool
 from ._playback import Diverged, Divergence, Playback, RecordingEnded
+from ._refold import missing_guards
 from ._rebuild import gated_names, limits_of, registry_of, workspace_tools_of
 
 __all__ = ["replay", "ReplayReport", "WorkspaceDiffers"]
@@ -126,6 +127,11 @@ def replay(path: str | Path | RunLogFile, *, limits: Mapping[str, Any] | None = 
         last = log.events[-1].line if log.events else h.line
         raise LogError(log.path, last, "the log has no stop event as its last line: the run did not "
                        "finish (`loopfence resume` continues it)")
+    missing = missing_guards(log, guards)
+    if missing:
+        name, line = next(iter(missing.items()))
+        raise LogError(log.path, line, f"the run had the custom guard {name!r}, which a replay needs to run the ring "
+                       f"as it ran: give a fresh one (replay(path, guards=[{name}()]), or --guard MODULE:{name})")
     overrides = dict(limits or {})
     live_tools = list(tools)
     workdir = None

@@ -12,7 +12,7 @@ class LogError(ValueError):
     """A run log that cannot be used: the message names the file and the line."""
 
     def __init__(self, path: str, line: int, message: str) -> None:
-        super().__init__(f"{path}:{line}: {message}")
+        super().__init__(f"{path}:{line}: {message}" if line > 0 else f"{path}: {message}")  # 0: not a line
         self.path = path
         self.line = line
         self.message = message

@@ -75,12 +75,12 @@ def parse_log(p: str, data: bytes, *, tolerant: bool = False) -> RunLogFile:
         raise LogError(p, 1, "empty file: a run log starts with a header line")
     complete_bytes = len(data)
     torn = 0
+    cut_line = None  # the line number of an incomplete last line: said once the lines before it read
     if not data.endswith(b"\n"):
         cut = data.rfind(b"\n") + 1
-        lineno = data.count(b"\n") + 1
-        if not tolerant:
-            raise LogError(p, lineno, "truncated last line (no newline): the writing process "
-                           "stopped mid-line; `loopfence resume` reads back to the last complete line")
+        cut_line = data.count(b"\n") + 1
+        if not cut and not data.decode("utf-8", "replace").startswith("{"):
+            _parse_line(p, 1, data)  # not a log at all (random bytes) says so, not "cut off"
         torn, complete_bytes, data = len(data) - cut, cut, data[:cut]
     lines = data.split(b"\n")[:-1]
     if not lines:
@@ -89,6 +89,9 @@ def parse_log(p: str, data: bytes, *, tolerant: bool = False) -> RunLogFile:
     head = events[0]
     if not isinstance(head, HeaderLine):
         raise LogError(p, 1, f"the first line must be a header event, got {head.event!r}")
+    if cut_line is not None and not tolerant:
+        raise LogError(p, cut_line, "truncated last line (no newline): the writing process "
+                       "stopped mid-line; `loopfence resume` reads back to the last complete line")
     for i, e in enumerate(events[1:], 2):
         if isinstance(e, HeaderLine):
             raise LogError(p, i, "a second header: one log holds one run")

@@ -48,6 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from .._keywords import keywords_checked
 from .._messages import Reply, Request
 from .._stops import StopError, StopReason
 from ._base import report_retry, text_sink
@@ -68,6 +69,7 @@ _OURS = ("model", "messages", "tools", "stream", "stream_options")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
+@keywords_checked
 class OpenAIModel:
     """The Model protocol over HTTP: `await acomplete(request)` (or sync `complete`) -> Reply;
     `describe()` never shows the key. `transport` (an httpx.AsyncBaseTransport, e.g. MockTransport)

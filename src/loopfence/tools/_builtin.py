@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._keywords import keywords_checked
 from ._executor import DEFAULT_RESULT_CAP
 from ._files import FileOptions, FileTools
 from ._manifest import START_KEY, workspace_manifest
@@ -36,6 +37,7 @@ PAGE_CHARS = 4_000
 BUILTIN_NAMES = ("read_file", "list_dir", "write_file", "apply_patch", "run_command")
 
 
+@keywords_checked
 def workspace_tools(root: str | Path, names: Iterable[str] | None = None, *, sandbox: bool = True,
                     untrusted_globs: Iterable[str] | None = None, trust_globs: Iterable[str] | None = None,
                     page_chars: int = PAGE_CHARS,

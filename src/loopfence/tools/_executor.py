@@ -259,8 +259,8 @@ def _check_result(t: Tool, value: Any) -> str | None:
 def _error_kind(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError):
         return "missing_file"
-    if isinstance(exc, PermissionError):
-        return "permission_denied"
+    if isinstance(exc, PermissionError):  # the OS said no, inside the tool: not the gate's permission_denied
+        return "os_permission_error"
     if isinstance(exc, IsADirectoryError):
         return "is_a_directory"
     if isinstance(exc, (UnicodeDecodeError, ValueError, TypeError)):

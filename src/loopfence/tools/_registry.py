@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import copy
 import inspect
+import warnings
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from .._keywords import keywords_checked
 from ._jsonschema import apply_defaults, validate_schema
 
 __all__ = ["Tool", "ToolKind", "Registry", "tool", "ArgumentError", "signature_model", "check_name", "TOOL_NAME"]
@@ -130,6 +132,7 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+@keywords_checked
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind: str = "side_effect",
          description: str | None = None, result_model: type[BaseModel] | None = None,
          untrusted: bool = False, isolation: str | None = None, privileged: bool = False,
@@ -142,14 +145,15 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind:
 
     tool_kind = ToolKind(kind)  # a ValueError listing the kinds, at once (also as `@tool(kind=...)`)
 
-    def build(f: Callable[..., Any]) -> Tool:
+    def build(f: Callable[..., Any], level: int = 2) -> Tool:
         named = check_name(name if name is not None else getattr(f, "__name__", repr(f)), name is not None)
-        model, params = _arguments_of(f)
+        model, params = _arguments_of(f, named)
         doc = description if description is not None else inspect.getdoc(f) or ""
+        _warn_unguided(named, f, doc, level + 1)
         return Tool(named, doc, copy.deepcopy(params), f, tool_kind, result_model,
                     untrusted, isolation or "", privileged, model, self_timed)
 
-    return build(fn) if fn is not None else build
+    return build(fn, 4) if fn is not None else build  # the warning's line: the caller's (past keywords_checked)
 
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI's API takes as a function name
@@ -168,9 +172,30 @@ _ARGUMENT_MODELS: dict[tuple[Any, str], tuple[type[BaseModel], dict[str, Any]]] 
 _MAX_CACHED = 1024
 
 
-def _arguments_of(f: Callable[..., Any]) -> tuple[type[BaseModel], dict[str, Any]]:
+_WARNED: set[str] = set()  # tools warned about (once each: tools are made afresh for every run)
+
+
+def _warn_unguided(name: str, f: Callable[..., Any], doc: str, level: int) -> None:
+    """Warn once when the model would be told nothing of a tool's arguments: a parameter with no type
+    hint (schema `{}`: any value); a missing description (no docstring, no `description=`) is named too."""
+    try:
+        untyped = [p for p, v in inspect.signature(f).parameters.items() if v.annotation is inspect.Parameter.empty]
+    except (TypeError, ValueError):
+        untyped = []
+    missing = [*([f"type hints on {', '.join(untyped)}"] if untyped else []),
+               *(["a docstring (or description=)"] if not doc.strip() else [])]
+    if not untyped or name in _WARNED:
+        return
+    _WARNED.add(name)
+    told = ["those arguments take any value", *(["nothing of what it does"] if not doc.strip() else [])]
+    warnings.warn(f"loopfence: tool {name!r} is missing {' and '.join(missing)}: the model is told "
+                  f"{' and '.join(told)}; add them to the function", UserWarning, stacklevel=level)
+
+
+def _arguments_of(f: Callable[..., Any], label: str = "") -> tuple[type[BaseModel], dict[str, Any]]:
     """The arguments' model and JSON schema, built once per code and signature: tools made afresh
-    for every run or episode (closures over a workspace) share them (a pydantic model costs ms)."""
+    for every run or episode (closures over a workspace) share them (a pydantic model costs ms).
+    `label`: the tool's name, for errors (a lambda's __name__ is `<lambda>`)."""
     sig = inspect.signature(f)
     key = (getattr(f, "__code__", f), repr(sig))
     cached = _ARGUMENT_MODELS.get(key)
@@ -179,7 +204,7 @@ def _arguments_of(f: Callable[..., Any]) -> tuple[type[BaseModel], dict[str, Any
     fields: dict[str, Any] = {}
     for pname, p in sig.parameters.items():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise TypeError(f"tool {f.__name__}: *args/**kwargs are not allowed in tools")
+            raise TypeError(f"tool {label or f.__name__}: *args/**kwargs are not allowed in tools")
         ann = p.annotation if p.annotation is not inspect.Parameter.empty else Any
         fields[pname] = (ann, ... if p.default is inspect.Parameter.empty else p.default)
     model = create_model(f"{f.__name__}_args", __base__=_Strict, **fields)
@@ -243,17 +268,47 @@ def _annotation(prop: Any) -> Any:
     return _JSON_TYPES.get(kind) if isinstance(kind, str) and not prop.keys() - {"type", "description", "title", "default"} else None
 
 
+TAKES = "tools= takes a list of functions or tool(...)s, e.g. tools=[weather]"
+
+
+def _what(value: Any) -> str:
+    if value is None or isinstance(value, (str, bytes)):
+        return f"{value!r}"[:60]
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
+def _listed(tools: Any) -> Iterable[Any]:
+    """`tools=` as given: a list (any iterable) of tools; one tool or function alone is taken as a list
+    of one. A string, a mapping or anything else not a list of tools is a TypeError saying what it takes."""
+    if isinstance(tools, Tool) or (callable(tools) and not isinstance(tools, type)):
+        return [tools]
+    if isinstance(tools, (str, bytes, Mapping)):
+        got = f"the string {_what(tools)}" if isinstance(tools, (str, bytes)) else \
+            "a dict (its values as a list: tools=list(d.values()))"
+        raise TypeError(f"{TAKES}; got {got}")
+    try:
+        return list(tools)
+    except TypeError:
+        raise TypeError(f"{TAKES}; got {_what(tools)}") from None
+
+
 class Registry:
     """Tools by exact name: no aliases, no fuzzy matching."""
 
-    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+    def __init__(self, tools: Iterable[Tool] | Tool | Callable[..., Any] = ()) -> None:
         self._tools: dict[str, Tool] = {}
         self._schemas: list[dict[str, Any]] | None = None  # built once per set of tools
-        for t in tools:
-            self.add(t)
+        for i, t in enumerate(_listed(tools)):
+            self.add(t, i)
 
-    def add(self, t: Tool) -> None:
+    def add(self, t: Tool, index: int | None = None) -> None:
         if not isinstance(t, Tool):
+            if not callable(t) or isinstance(t, type):
+                where = f"tools[{index}]" if index is not None else "a tool"
+                raise TypeError(f"{where} is {_what(t)}, not a tool: {TAKES}")
             t = tool(t)
         if t.name in self._tools:
             raise ValueError(f"tool {t.name!r} is registered twice")
