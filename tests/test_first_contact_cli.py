@@ -82,7 +82,7 @@ def test_reconcile_takes_several_logs_a_verdict_line_each_and_a_summary(logs: li
     assert p.returncode == 0, p.stderr
     for log in logs:
         assert f"{log}: reconcile: all 14 invariants hold" in p.stderr
-    assert "reconcile: 3 logs: 3 hold, 0 FAIL, 0 unfinished, 0 unreadable" in p.stderr
+    assert "reconcile: 3 logs: 3 hold, 0 FAIL, 0 unfinished, 0 unchecked (a custom guard), 0 unreadable" in p.stderr
     rows = [json.loads(line) for line in p.stdout.splitlines()]
     assert [r["log"] for r in rows] == list(map(str, logs)) and all(r["ok"] for r in rows)
 
@@ -101,7 +101,7 @@ def test_several_logs_exit_with_the_worst(logs: list[Path], tmp_path: Path) -> N
     garbage.write_bytes(os.urandom(2000))
     p = lf("reconcile", *map(str, logs), str(unfinished), str(failing), str(garbage), cwd=tmp_path)
     assert p.returncode == 2 and f"{garbage}: not a readable run log" in p.stderr
-    assert "reconcile: 6 logs: 3 hold, 1 FAIL, 1 unfinished, 1 unreadable" in p.stderr
+    assert "reconcile: 6 logs: 3 hold, 1 FAIL, 1 unfinished, 0 unchecked (a custom guard), 1 unreadable" in p.stderr
 
 
 @pytest.mark.parametrize("command", ["replay", "resume"])
@@ -130,6 +130,8 @@ def test_export_of_several_logs_is_json_lines(logs: list[Path], tmp_path: Path) 
     assert len({d["session_id"] for d in docs}) == 3
     assert cli(["export", *map(str, logs), str(tmp_path / "nothere.jsonl"), "-o", str(tmp_path / "t.jsonl")]) == 2
     assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 3  # what could be read is written
+    assert cli(["export", str(logs[0]), "-o", str(tmp_path / "one.jsonl")]) == 0  # a glob that matched one log
+    assert len([json.loads(x) for x in (tmp_path / "one.jsonl").read_text().splitlines()]) == 1
 
 
 def test_a_mistyped_flag_shows_the_commands_usage_and_the_nearest_flag(tmp_path: Path) -> None:
@@ -141,6 +143,10 @@ def test_a_mistyped_flag_shows_the_commands_usage_and_the_nearest_flag(tmp_path:
     assert p.stderr.startswith("usage: loopfence reconcile ") and "(did you mean --json?)" in p.stderr
     p = lf("replay", "x.jsonl", "--zzzzzz", cwd=tmp_path)  # nothing near: no guess
     assert "unrecognized arguments: --zzzzzz\n" in p.stderr
+    p = lf("--quiet", "run", "hi", cwd=tmp_path)  # a command's flag before the command
+    assert "--quiet goes after the command: loopfence COMMAND --quiet" in p.stderr
+    usage = lf("replay", "--help", cwd=tmp_path).stdout
+    assert "LOG.jsonl\n" in usage and "[LOG.jsonl ...]" not in usage  # it takes one
 
 
 # -- 2. a custom guard -------------------------------------------------------------------------------
@@ -164,16 +170,20 @@ def guard_log(tmp_path: Path) -> Path:
 
 def test_reconcile_without_the_guard_says_unchecked_naming_it(guard_log: Path) -> None:
     p = lf("reconcile", str(guard_log), "--json", cwd=guard_log.parent)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 4, p.stderr  # not 1 (nothing failed), not 0 (not everything was checked)
     assert "FAIL" not in p.stderr
-    assert "limit_reached unchecked (custom guard DeleteTwice: give it with --guard MODULE:NAME)" in p.stderr
+    assert "all 13 invariants checked hold; limit_reached unchecked (custom guard DeleteTwice: give it with " \
+        "--guard MODULE:NAME)" in p.stderr
     out = json.loads(p.stdout)
-    assert out["unchecked"] == ["limit_reached"] and out["custom_guards"] == ["DeleteTwice"] and out["holds"]
+    assert out["unchecked"] == ["limit_reached"] and out["custom_guards"] == ["DeleteTwice"]
+    assert out["holds"] and not out["ok"]
 
 
 def test_reconcile_and_replay_with_the_guard_check_it(guard_log: Path) -> None:
     p = lf("reconcile", str(guard_log), "--guard", "myguards:DeleteTwice", cwd=guard_log.parent)
     assert p.returncode == 0 and "all 14 invariants hold" in p.stderr, p.stderr
+    assert lf("reconcile", str(guard_log), str(guard_log), "--guard", "myguards:DeleteTwice",
+              cwd=guard_log.parent).returncode == 0  # a fresh guard for each log
     p = lf("replay", str(guard_log), "--guard", "myguards:DeleteTwice", cwd=guard_log.parent)
     assert p.returncode == 0 and "replayed identically: guard at step 2" in p.stderr, p.stderr
 
@@ -184,15 +194,42 @@ def test_replay_without_the_guard_names_it_and_the_flag(guard_log: Path) -> None
     assert "the run had the custom guard 'DeleteTwice'" in p.stderr and "--guard MODULE:DeleteTwice" in p.stderr
 
 
-def test_a_guard_that_breaks_its_log_still_fails(guard_log: Path, tmp_path: Path) -> None:
-    """Given the guard, a stop it did not make is a failure (unchecked is only for a guard not given)."""
+def test_a_custom_guard_hides_no_other_failure(tmp_path: Path) -> None:
+    """A guard that only wrote notes decides nothing: a log whose limits were edited still FAILs; and a
+    guard's stop with a header that cannot be read is a failure, not unchecked."""
+    (tmp_path / "notes.py").write_text("from loopfence import Guard\n\nclass Notes(Guard):\n"
+                                       "    def before_execution(self, s, c, reuse):\n"
+                                       "        self.note(s, 'saw a call')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import notes  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("notes", None)
+    log = tmp_path / "n.jsonl"
+    model = ScriptedModel([calls_reply(tool_call("read_file", path=str(i))) for i in range(5)])
+    result = run("read", model=model, tools=[tool(_read_file, name="read_file", kind="read_only")],
+                 limits={"max_steps": 2}, guards=[notes.Notes()], log=log)
+    assert result.stop.reason == "max_steps"
+    lines = log.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["limits"]["max_steps"] = 10  # the stop is no longer earned
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert reconcile(log).ok  # notes alone: the fold checks it all
+    rec = reconcile(forged)
+    assert not rec.holds and rec.check("limit_reached").ok is False and rec.custom_guards == ()
+    assert cli(["reconcile", str(forged)]) == 1
+
+
+def test_a_guards_stop_under_an_unreadable_header_fails(guard_log: Path, tmp_path: Path) -> None:
     lines = guard_log.read_text().splitlines()
-    stop = json.loads(lines[-1])
-    stop["data"]["guard"] = "SomeoneElse"
+    header = json.loads(lines[0])
+    header["limits"]["max_steps"] = "many"
     edited = tmp_path / "edited.jsonl"
-    edited.write_text("\n".join([*lines[:-1], json.dumps(stop)]) + "\n")
-    rec = reconcile(edited)  # a guard the log names that nobody gave: unchecked, both named
-    assert rec.custom_guards == ("DeleteTwice", "SomeoneElse")
+    edited.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    rec = reconcile(edited)
+    assert not rec.holds and "header limits unreadable" in rec.check("limit_reached").detail
     p = lf("reconcile", str(guard_log), "--guard", "myguards:nothere", cwd=guard_log.parent)
     assert p.returncode == 2 and "--guard myguards:nothere: myguards has no attribute 'nothere'" in p.stderr
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._keywords import keywords_checked
 from ._json import canonical_json, fingerprint
 from ._tokens import text_units
 from .tools._executor import ResultCache, ToolResult
@@ -24,6 +25,7 @@ __all__ = ["Compaction", "OutgoingView", "ElidedAwareCache", "STUB_PREFIX"]
 STUB_PREFIX = "[elided by loopfence"
 
 
+@keywords_checked
 @dataclass(frozen=True, slots=True)
 class Compaction:
     """keep_turns: tool results of the last K turns go out whole; older ones as stubs.

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ._keywords import keywords_checked
 from ._aio import Expired, in_thread, within
 from ._guards import Guard
 from ._json import canonical_json
@@ -90,6 +91,7 @@ def _clip(text: str, n: int = 120) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+@keywords_checked
 class UntrustedGate(Guard):
     """Refuse privileged calls once untrusted content is in context, unless `approve` allows one.
 

@@ -43,7 +43,10 @@ def _nearest(parser: argparse.ArgumentParser, message: str) -> str:
     flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
     for word in message.removeprefix("unrecognized arguments: ").split():
         if word.startswith("-"):
-            close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            flag = word.split("=", 1)[0]
+            if flag in flags:  # the command's own flag, given before the command
+                return f" ({flag} goes after the command: loopfence COMMAND {flag} ...)"
+            close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
             if close:
                 return f" (did you mean {close[0]}?)"
     return ""

@@ -221,7 +221,7 @@ def print_quiet(result: RunResult) -> None:
     """`--quiet`: the final answer alone on stdout; a run with no answer (a KILL) says why on stderr,
     in one line (the stop, its detail and the log), so that silence never means "it failed"."""
     print_answer(result)
-    if not result.final_answer:
+    if result.verdict != "SHIP":
         log = f" (log: {result.log_path})" if result.log_path else ""
         stderr.print(f"stop {result.stop.reason} ({result.verdict}): "
                      f"{printable(result.stop.detail, DETAIL_CHARS, one_line=True)}{log}", markup=False)

@@ -1,7 +1,7 @@
 """`loopfence export LOG... --format atif|otlp`: the run in a format other tools read.
 
-One log: one JSON document (ATIF indented). Several logs: JSON Lines, one compact document per log in
-the order given (a line on stderr for each log that cannot be read, and exit 2 when any could not)."""
+One log: one JSON document (ATIF indented). Several logs, or `-o FILE.jsonl`: JSON Lines, one compact
+document per log in the order given (a line on stderr for each log that cannot be read, and exit 2 when any could not)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def add_parser(sub: Any) -> None:
         "observation.results and metrics). --format otlp gives the run's OpenTelemetry GenAI spans "
         "(invoke_agent, chat, execute_tool; the same spans a live run gives with loopfence.instrument()) "
         "as OTLP/JSON, or sends them to a collector over OTLP/HTTP with --endpoint "
-        "(needs loopfence[otel]). Several logs (runs/*.jsonl): JSON Lines, one document per log. "
+        "(needs loopfence[otel]). Several logs (runs/*.jsonl), or -o FILE.jsonl: JSON Lines, one document "
+        "per log. "
         "Exit: 0 written, 1 the output could not be written (standard output), "
         "2 an unreadable log or a usage error (-o the log itself included)."))
     p.add_argument("log", metavar="LOG.jsonl", nargs="+", help="the run log (or several: JSON Lines)")
@@ -53,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
         return _otlp(args)
     if args.endpoint is not None or args.include_content:
         raise UsageError("--endpoint and --include-content go with --format otlp")
-    if len(args.log) > 1:
+    if len(args.log) > 1 or _jsonl(args.output):
         return _lines(args, lambda log: to_atif(_read(log)))
     try:
         doc = to_atif(_read(args.log[0]))
@@ -67,6 +68,11 @@ def main(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _jsonl(output: str | None) -> bool:
+    """-o FILE.jsonl: JSON Lines, however many logs a glob matched (one log is one line too)."""
+    return bool(output) and str(output).endswith(".jsonl")
 
 
 def _lines(args: argparse.Namespace, convert: Callable[[str], Any]) -> int:
@@ -113,7 +119,7 @@ def _otlp(args: argparse.Namespace) -> int:
             traces_url(args.endpoint)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    if len(args.log) > 1 and args.endpoint is None:
+    if (len(args.log) > 1 or _jsonl(args.output)) and args.endpoint is None:
         return _lines(args, lambda log: to_otlp_json(spans_from_log(_read(log), include_content=args.include_content)))
     try:
         spans = [s for log in args.log for s in spans_from_log(_read(log), include_content=args.include_content)]

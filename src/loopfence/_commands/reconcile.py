@@ -1,14 +1,15 @@
 """`loopfence reconcile LOG...`: does each log add up? A pass/fail table per invariant; exit 1 on any.
 
 With several logs: a verdict line for each, then a summary line; the exit code is the worst of them
-(unreadable 2, FAIL 1, unfinished 3, all hold 0). `--json` prints one object per log on stdout (one
-per line; the table or the lines still go to stderr), `to_json(rec)`:
+(unreadable 2, FAIL 1, unfinished 3, a custom guard's decision unchecked 4, all hold 0). `--json` prints
+one object per log on stdout (one per line; the table or the lines still go to stderr), `to_json(rec)`:
 
     {"log": PATH, "finished": bool, "ok": bool, "holds": bool,
      "checks": [{"name", "ok", "detail", "description"}, ...],
-     "unchecked": [NAME, ...], "resume": "loopfence resume PATH" | null}
+     "unchecked": [NAME, ...], "custom_guards": [NAME, ...], "resume": "loopfence resume PATH ..." | null}
 
-`ok`: the run finished and every invariant holds; `holds`: every invariant that was checked holds.
+`ok`: the run finished and every invariant holds, all checked; `holds`: every invariant that was checked
+holds. `resume` may name flags the log cannot fill in (`--workspace DIR`, `--tools MODULE:ATTR`).
 An unfinished log (no stop line) lists in `unchecked` the invariants that need its stop line, and
 `resume` says how to continue it. A log showing a custom guard (its notes, refusals or stop) that
 `--guard` did not give lists `limit_reached` in `unchecked` (`custom_guards` names them), not failed.
@@ -36,10 +37,11 @@ from ._common import DETAIL_CHARS, UsageError, stderr
 from ._toolspec import add_guard_flag, load_guards
 
 __all__ = ["add_parser", "main", "print_reconciliation", "reconcile_own_log", "to_json", "warn_out_of_order",
-           "UNFINISHED"]
+           "UNFINISHED", "UNCHECKED"]
 
 UNFINISHED = 3  # the exit code for a log with no stop line whose lines add up (resume it)
-_WORST = (0, UNFINISHED, 1, 2)  # several logs: the exit code is the last of these any log has
+UNCHECKED = 4  # what was checked holds, but a custom guard's decision needs the guard (--guard)
+_WORST = (0, UNCHECKED, UNFINISHED, 1, 2)  # several logs: the exit code is the last of these any log has
 
 HELP = "check that a run log adds up (calls vs results, ledger vs events, the stop)"
 
@@ -55,7 +57,8 @@ def add_parser(sub: Any) -> None:
         "is listed unchecked (naming the guard), not failed. Several logs (runs/*.jsonl): a verdict line "
         "each and a summary. Exit codes (several logs: the worst of theirs): 0 all hold, 1 any fails, "
         f"2 the file is not a readable run log (or a usage error), {UNFINISHED} the run is unfinished and "
-        "what its lines show holds."))
+        f"what its lines show holds, {UNCHECKED} what was checked holds but a custom guard's stop or refusal "
+        "needs the guard (--guard)."))
     p.add_argument("log", metavar="LOG.jsonl", nargs="+", help="the run log (or several)")
     add_guard_flag(p)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout, one "
@@ -88,7 +91,9 @@ def resume_hint(rec: Reconciliation, log: RunLogFile | None = None) -> str | Non
         if not log.header.workspace and names & set(BUILTIN_NAMES):
             words.append("--workspace DIR")
         recorded = log.header.record.get("custom_tools")
-        if names - set(BUILTIN_NAMES) and not recorded:
+        info = log.header.record.get("tool_info") or {}
+        mcp = {n for n, i in info.items() if isinstance(i, dict) and "mcp" in i} if isinstance(info, dict) else set()
+        if names - set(BUILTIN_NAMES) - mcp and not recorded:
             words.append("--tools MODULE:ATTR")
     return " ".join(words)
 
@@ -105,8 +110,8 @@ def summary_line(rec: Reconciliation, hint: str | None = None) -> str:
             f"{len(rec.failed)} of the {shown} FAIL: " + ", ".join(c.name for c in rec.failed)
         need = len(rec.unchecked) - bool(rec.custom_guards)
         return f"{head}{said}; {need} need the stop line{custom}. `{hint or resume_hint(rec)}` continues it"
-    if rec.ok:
-        return f"reconcile: all {len(rec.checks)} invariants hold{custom}"
+    if rec.holds:
+        return f"reconcile: all {len(rec.checks)} invariants{' checked' if custom else ''} hold{custom}"
     return f"reconcile: {len(rec.failed)} of {len(rec.checks)} invariants FAIL: " + \
         ", ".join(c.name for c in rec.failed) + custom
 
@@ -176,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
         codes.append(_code(rec))
     counts = {code: codes.count(code) for code in _WORST}
     stderr.print(f"reconcile: {len(codes)} logs: {counts[0]} hold, {counts[1]} FAIL, {counts[UNFINISHED]} "
-                 f"unfinished, {counts[2]} unreadable", markup=False)
+                 f"unfinished, {counts[UNCHECKED]} unchecked (a custom guard), {counts[2]} unreadable", markup=False)
     return max(codes, key=_WORST.index)
 
 
@@ -194,4 +199,4 @@ def print_resume_where(rec: Reconciliation, hint: str | None) -> None:
 
 
 def _code(rec: Reconciliation) -> int:
-    return 0 if rec.ok else 1 if not rec.holds else UNFINISHED
+    return 0 if rec.ok else 1 if not rec.holds else UNFINISHED if not rec.finished else UNCHECKED

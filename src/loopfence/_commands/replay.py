@@ -43,7 +43,8 @@ def add_parser(sub: Any) -> None:
         "as the run started). With --limit the replay answers 'would this budget have stopped it "
         "earlier?' and a different stop is the answer (exit 0). A run with custom or MCP tools replays "
         "from their recorded results; --tools and --mcp run them for real and compare."))
-    p.add_argument("log", metavar="LOG.jsonl", nargs="+", help="the run log (one)")
+    p.add_argument("log", metavar="LOG.jsonl", help="the run log")
+    p.add_argument("more", nargs="*", help=argparse.SUPPRESS)  # a glob of several: said, not "unrecognized"
     add_guard_flag(p)
     p.add_argument("--execute-tools", action="store_true",
                    help="run the built-in workspace tools for real, in a private folder holding the "
@@ -74,7 +75,7 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    path = one_log("replay", args.log)
+    path = one_log("replay", [args.log, *args.more])
     guards = [make() for make in load_guards(args.guard)] or None
     overrides: dict[str, Any] = {}
     for text in args.limit:

@@ -38,7 +38,8 @@ def add_parser(sub: Any) -> None:
         "that stop (a new segment of the same log), optionally with another --base-url/--model and "
         "raised --limit values; a run that ended any other way says so (exit 0). "
         "Exit: 0 SHIP, 1 KILL, 2 the log cannot be resumed."))
-    p.add_argument("log", metavar="LOG.jsonl", nargs="+", help="the run log (one)")
+    p.add_argument("log", metavar="LOG.jsonl", help="the run log")
+    p.add_argument("more", nargs="*", help=argparse.SUPPRESS)  # a glob of several: said, not "unrecognized"
     add_guard_flag(p)
     p.add_argument("--workspace", metavar="DIR",
                    help="folder for the file tools (default: the workspace recorded in the header)")
@@ -57,7 +58,7 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    path = one_log("resume", args.log)
+    path = one_log("resume", [args.log, *args.more])
     guards = [make() for make in load_guards(args.guard)] or None
     if args.workspace and not Path(args.workspace).is_dir():
         raise UsageError(f"--workspace {args.workspace}: not a folder")

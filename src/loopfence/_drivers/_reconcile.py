@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._keywords import keywords_checked
 from .._contract import check_reply
 from .._gate import HOLDS_TEXT
 from .._guards import NUDGED, Guard
@@ -79,9 +80,10 @@ class Reconciliation:
     """Every invariant checked on one log. `ok`: the run finished and every invariant holds. For an
     unfinished log (`finished` False: no stop line) `checks` holds what its lines can show and
     `unchecked` the invariants that need the stop line; `holds` says whether what was checked holds.
-    A log showing a custom guard the check was not given (`custom_guards`), whose stop the built-in
-    guards alone do not reach, has `limit_reached` in `unchecked` rather than failed: its stop cannot be
-    re-checked without that guard."""
+    A log where a custom guard the check was not given refused a call or stopped the run
+    (`custom_guards`), and the built-in guards alone do not fold to its stop, has `limit_reached` in
+    `unchecked` rather than failed: it cannot be re-checked without that guard; `ok` is then False and
+    `holds` says whether the rest holds."""
 
     path: str
     checks: tuple[Check, ...]
@@ -100,7 +102,8 @@ class Reconciliation:
 
     @property
     def ok(self) -> bool:
-        return self.finished and self.holds
+        """The run finished and every invariant holds, all of them checked."""
+        return self.finished and self.holds and not self.custom_guards
 
     @property
     def holds(self) -> bool:
@@ -111,7 +114,11 @@ class Reconciliation:
         return [c for c in self.checks if not c.ok]
 
     def check(self, name: str) -> Check:
-        return next(c for c in self.checks if c.name == name)
+        found = next((c for c in self.checks if c.name == name), None)
+        if found is None:
+            raise KeyError(f"{name!r} was not checked" + (f": {self.why_unchecked(name)}" if name in self.unchecked
+                                                           else ""))
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,7 @@ class _Turn:
     parsed: Reply | None
 
 
+@keywords_checked
 def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = None) -> Reconciliation:
     """Check every invariant; LogError only when the file is not a readable run log. `guards`: fresh
     instances of the extra guards the run had (the header does not record them), as for replay."""
@@ -128,11 +136,11 @@ def reconcile(path: str | Path | RunLogFile, *, guards: list[Guard] | None = Non
     stops = [e for e in log.events if isinstance(e, StopLine)]
     if log.torn_bytes and stops:  # only a run cut off before its stop may leave half a line
         read_log(log.path)  # raises, naming the line
-    missing = tuple(missing_guards(log, guards))
+    missing = tuple(missing_guards(log, guards, notes=False))  # a guard that refused or stopped, not given
     if not stops:
         return _unfinished(log, guards, missing)
-    limit = _limit(log, _stop_of(log, stops), guards)
-    missing = () if limit.ok else missing  # the built-in guards agree without it: a real pass
+    limit, folded = _limit(log, _stop_of(log, stops), guards)
+    missing = () if limit.ok or not folded else missing  # a real pass; or a failure before any fold
     turns = [_turn(e) for e in log.events if isinstance(e, ReplyLine)]
     stop = _stop_of(log, stops)
     ledger: dict[str, Any] = stop.ledger if stop else {}
@@ -367,24 +375,25 @@ def _stop_known(stop: StopLine | None) -> Check:
     return Check("stop_reason_known", True, f"{stop.reason} ({stop.verdict})")
 
 
-def _limit(log: RunLogFile, stop: StopLine | None, guards: list[Guard] | None) -> Check:
-    """The stop re-checked by the guards themselves: the log folded through the ring (_drivers/_refold)."""
+def _limit(log: RunLogFile, stop: StopLine | None, guards: list[Guard] | None) -> tuple[Check, bool]:
+    """The stop re-checked by the guards themselves: the log folded through the ring (_drivers/_refold);
+    and whether the fold ran (False: the stop or the header failed before it)."""
     if stop is None or stop.reason not in set(StopReason):
-        return Check("limit_reached", False, "no valid stop to check")
+        return Check("limit_reached", False, "no valid stop to check"), False
     try:
         recorded_limits(log.header.limits)
     except (TypeError, ValueError) as exc:
-        return Check("limit_reached", False, f"header limits unreadable: {exc}")
+        return Check("limit_reached", False, f"header limits unreadable: {exc}"), False
     try:
         recorded_policy(log.header.policy)
     except (TypeError, ValueError) as exc:
-        return Check("limit_reached", False, f"header policy unreadable: {exc}")
+        return Check("limit_reached", False, f"header policy unreadable: {exc}"), False
     try:
         verdict = refold(log, guards)
     except (TypeError, ValueError) as exc:  # LogError among them: the header is not a run to fold
         why = exc.message if isinstance(exc, LogError) else str(exc)
-        return Check("limit_reached", False, f"the header cannot be turned back into a run: {why}")
-    return Check("limit_reached", verdict.ok, verdict.detail)
+        return Check("limit_reached", False, f"the header cannot be turned back into a run: {why}"), False
+    return Check("limit_reached", verdict.ok, verdict.detail), True
 
 
 def _overwritten(log: RunLogFile, turns: list[_Turn], finished: bool = True) -> Check:

@@ -70,13 +70,14 @@ class Refold:
     decided: bool = False  # the ring decided `stop` itself (False: taken from the recording)
 
 
-def custom_guards(log: RunLogFile) -> dict[str, int]:
+def custom_guards(log: RunLogFile, *, notes: bool = True) -> dict[str, int]:
     """The custom guards the log shows at work, each with the first line naming it: their notes
-    (`guard` events), their refusals (a result's error `guard:NAME`) and their stop. Only custom
-    guards write these; one that never noted, refused or stopped left no trace (and changed nothing)."""
+    (`guard` events; not with `notes=False`: a note decides nothing), their refusals (a result's error
+    `guard:NAME`) and their stop. Only custom guards write these; one that never noted, refused or
+    stopped left no trace (and changed nothing)."""
     seen: dict[str, int] = {}
     for e in log.events:
-        if isinstance(e, GuardLine):
+        if isinstance(e, GuardLine) and notes:
             seen.setdefault(e.guard, e.line)
         elif isinstance(e, ResultLine) and (e.error or "").startswith("guard:"):
             seen.setdefault((e.error or "")[len("guard:"):], e.line)
@@ -85,11 +86,12 @@ def custom_guards(log: RunLogFile) -> dict[str, int]:
     return seen
 
 
-def missing_guards(log: RunLogFile, guards: list[Guard] | None) -> dict[str, int]:
+def missing_guards(log: RunLogFile, guards: list[Guard] | None, *, notes: bool = True) -> dict[str, int]:
     """The custom guards the log shows (`custom_guards`) that `guards` does not hold: without them the
-    ring cannot be run again as the run ran."""
+    ring cannot be run again as the run ran (`notes=False`: only those that refused a call or stopped
+    the run, the decisions a fold without them cannot make)."""
     given = {g.guard_name for g in guards or ()}
-    return {name: line for name, line in custom_guards(log).items() if name not in given}
+    return {name: line for name, line in custom_guards(log, notes=notes).items() if name not in given}
 
 
 def refold(log: RunLogFile, guards: list[Guard] | None = None) -> Refold:

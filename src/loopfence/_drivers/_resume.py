@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._keywords import keywords_checked
 from .._answer import AnswerArg, AnswerContract, answer_contract
 from .._guards import Guard, default_guards
 from .._limits import Limits
@@ -78,6 +79,7 @@ class ResumeOutcome:
         return out
 
 
+@keywords_checked
 def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool] | None = None,
            extra_tools: Iterable[Tool] = (), workspace: str | Path | None = None, guards: list[Guard] | None = None,
            executor: Executor | None = None, on_event: Callable[[LogEvent], None] | None = None,

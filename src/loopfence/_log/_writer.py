@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from .._keywords import keywords_checked
 from .._json import line
 from ._large import KEYED, shrink
 from ._schema import EVENT_KINDS, FORMAT, VERSION, LogEvent, ReplyLine
@@ -69,6 +70,7 @@ def written(ev: LogEvent) -> dict[str, Any]:
     return ev.model_dump(exclude_unset=True, exclude={"event", "seq", "t"})
 
 
+@keywords_checked
 class RunLog:
     """Append-only event writer. `path=None` keeps events in memory only (tests, benchmarks).
 

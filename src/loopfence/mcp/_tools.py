@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+from .._keywords import keywords_checked
 from ..tools._registry import Tool, ToolKind
 from ._content import output_model, result_text, success_text
 from ._host import Connection, Host, LoopHost, open_all
@@ -37,6 +38,7 @@ _NAME_OK = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_NAME = 64  # what OpenAI-compatible endpoints accept for a function name
 
 
+@keywords_checked
 def mcp_tools(*servers: McpServer | str | Sequence[str], trust_annotations: bool | Collection[str] = False,
               kinds: Mapping[str, Any] | None = None, reserved: Collection[str] = (),
               connect_timeout_s: float | None = DEFAULT_CONNECT_TIMEOUT_S) -> McpTools:

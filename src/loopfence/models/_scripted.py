@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._keywords import keywords_checked
 from .._json import (MAX_DEPTH, MAX_INPUT_BYTES, JsonFileError, depth, dumps, json_items, load_json_items,
                      loads, read_bounded)
 from .._messages import Reply, ReplyFormatError, Request
@@ -40,6 +41,7 @@ class ScriptSource:
     sha256: str
 
 
+@keywords_checked
 class ScriptedModel:
     """Serves chat.completions response objects in order (the last repeats). Records requests.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 import warnings
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -145,15 +146,15 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, kind:
 
     tool_kind = ToolKind(kind)  # a ValueError listing the kinds, at once (also as `@tool(kind=...)`)
 
-    def build(f: Callable[..., Any], level: int = 2) -> Tool:
+    def build(f: Callable[..., Any]) -> Tool:
         named = check_name(name if name is not None else getattr(f, "__name__", repr(f)), name is not None)
         model, params = _arguments_of(f, named)
         doc = description if description is not None else inspect.getdoc(f) or ""
-        _warn_unguided(named, f, doc, level + 1)
+        _warn_unguided(named, f, doc)
         return Tool(named, doc, copy.deepcopy(params), f, tool_kind, result_model,
                     untrusted, isolation or "", privileged, model, self_timed)
 
-    return build(fn, 4) if fn is not None else build  # the warning's line: the caller's (past keywords_checked)
+    return build(fn) if fn is not None else build
 
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI's API takes as a function name
@@ -172,10 +173,21 @@ _ARGUMENT_MODELS: dict[tuple[Any, str], tuple[type[BaseModel], dict[str, Any]]] 
 _MAX_CACHED = 1024
 
 
-_WARNED: set[str] = set()  # tools warned about (once each: tools are made afresh for every run)
+_WARNED: set[tuple[str, Any]] = set()  # tools warned about (once each: tools are made afresh for every run)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # loopfence/: frames a warning skips
 
 
-def _warn_unguided(name: str, f: Callable[..., Any], doc: str, level: int) -> None:
+def _outside() -> int:
+    """The stacklevel of the first frame outside loopfence (a warning points at the user's line; a
+    dataclass's generated `__init__`, an Agent's, is "<string>")."""
+    frame, level = inspect.currentframe(), 0
+    while frame is not None and (frame.f_code.co_filename == "<string>"
+                                 or os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep)):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
+
+
+def _warn_unguided(name: str, f: Callable[..., Any], doc: str) -> None:
     """Warn once when the model would be told nothing of a tool's arguments: a parameter with no type
     hint (schema `{}`: any value); a missing description (no docstring, no `description=`) is named too."""
     try:
@@ -184,12 +196,13 @@ def _warn_unguided(name: str, f: Callable[..., Any], doc: str, level: int) -> No
         untyped = []
     missing = [*([f"type hints on {', '.join(untyped)}"] if untyped else []),
                *(["a docstring (or description=)"] if not doc.strip() else [])]
-    if not untyped or name in _WARNED:
+    key = (name, getattr(f, "__code__", None) or id(f))
+    if not untyped or key in _WARNED:
         return
-    _WARNED.add(name)
+    _WARNED.add(key)
     told = ["those arguments take any value", *(["nothing of what it does"] if not doc.strip() else [])]
     warnings.warn(f"loopfence: tool {name!r} is missing {' and '.join(missing)}: the model is told "
-                  f"{' and '.join(told)}; add them to the function", UserWarning, stacklevel=level)
+                  f"{' and '.join(told)}; add them to the function", UserWarning, stacklevel=_outside())
 
 
 def _arguments_of(f: Callable[..., Any], label: str = "") -> tuple[type[BaseModel], dict[str, Any]]:
