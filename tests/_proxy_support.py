@@ -12,6 +12,7 @@ the proxy change nothing about which reply comes next. Call ids are unique in a 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -203,6 +204,11 @@ class Proxy:
             self.stop()
         else:
             self.kill()
+
+
+def tag(key: str) -> str:
+    """The tag a client key puts before the ids of the runs it names (`_runs.id_base`)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def seed_workspace(folder: Path) -> Path:

@@ -25,7 +25,7 @@ TOOLS = [{"type": "function", "function": {"name": "grep", "parameters": {
 
 
 def _client(proxy: Proxy) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy.app), base_url="http://proxy/v1", timeout=30)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy.app), base_url="http://127.0.0.1/v1", timeout=30)
 
 
 async def _loop(client: httpx.AsyncClient, task: str, steps: int = 10) -> tuple[list[httpx.Response], int]:
@@ -138,11 +138,11 @@ def test_an_idle_run_is_forgotten_after_expire_after_and_its_log_stays(tmp_path:
         proxy = Proxy(fs.base_url, Settings(logs=tmp_path, expire_after=0.5))
         async with _client(proxy) as client:
             first = await client.post("/chat/completions", json=body, headers={"X-Loopfence-Run": "idle"})
-            seen = (await client.get("http://proxy/loopfence/runs/idle")).status_code
+            seen = (await client.get("http://127.0.0.1/loopfence/runs/idle")).status_code
             await asyncio.sleep(0.8)
             other = {**body, "messages": [{"role": "user", "content": "something else"}]}
             await client.post("/chat/completions", json=other)  # any request sweeps the idle runs
-            gone = (await client.get("http://proxy/loopfence/runs/idle")).status_code
+            gone = (await client.get("http://127.0.0.1/loopfence/runs/idle")).status_code
             again = await client.post("/chat/completions", json=body, headers={"X-Loopfence-Run": "idle"})
             return seen, gone, first.headers["x-loopfence-run"], again.headers["x-loopfence-run"]
 
@@ -181,7 +181,7 @@ def test_runs_waiting_on_their_clients_past_max_open_logs_rest_their_log_files(t
             assert again.headers["x-loopfence-run"] == ids[0]  # the rested run, continued
             assert _open_logs(tmp_path) == 2
             for rid in ids:
-                assert (await client.post(f"http://proxy/loopfence/runs/{rid}/reset")).status_code == 200
+                assert (await client.post(f"http://127.0.0.1/loopfence/runs/{rid}/reset")).status_code == 200
             assert _open_logs(tmp_path) == 0
             return ids
 

@@ -26,6 +26,7 @@ from _front import Front
 from _proxy_support import (
     Ended,
     Proxy,
+    tag,
     ScriptServer,
     kinds_file,
     reconciles,
@@ -416,16 +417,16 @@ def test_runs_are_shared_between_replicas_and_keys_are_enforced(tmp_path: Path, 
             assert seen.status_code == 200 and seen.json()["ledger"]["model_requests"] == 1, seen.text
             assert httpx.get(f"{b.base_url.removesuffix('/v1')}/loopfence/runs/k1", headers=bob).status_code == 404
             listed = httpx.get(f"{b.base_url.removesuffix('/v1')}/loopfence/runs", headers=alice).json()["data"]
-            assert [d["id"] for d in listed] == ["k1"]
+            assert [d["id"] for d in listed] == [f"{tag('alice')}.k1"]
             # a run name is scoped to the client's key: bob's "k1" is a run of his own, alice's stays hers
             r = httpx.post(f"{b.base_url}/chat/completions", json=body, headers={**bob, "X-Loopfence-Run": "k1"})
-            assert r.status_code == 200 and r.headers["x-loopfence-run"] == "k1-2", r.text
+            assert r.status_code == 200 and r.headers["x-loopfence-run"] == f"{tag('bob')}.k1", r.text
             mine = httpx.get(f"{a.base_url.removesuffix('/v1')}/loopfence/runs/k1", headers=alice).json()
-            assert mine["id"] == "k1" and mine["ledger"]["model_requests"] == 1
+            assert mine["id"] == f"{tag('alice')}.k1" and mine["ledger"]["model_requests"] == 1
             time.sleep(2.5)  # --expire-after 1: idle past it
             keys = redis.client().keys("lf:*k1*")
             assert keys == [], keys
-            assert (tmp_path / "logs" / "k1.jsonl").is_file()  # the log stays
+            assert (tmp_path / "logs" / f"{tag('alice')}.k1.jsonl").is_file()  # the log stays
 
 
 def test_an_unreachable_store_is_a_clear_503(tmp_path: Path, replicas: Replicas) -> None:

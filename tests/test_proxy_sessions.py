@@ -70,7 +70,7 @@ async def session(base_url: str, plan: list[str], sides: list[list[str]]) -> lis
     sub: list[dict[str, Any]] = [{"role": "system", "content": "You are a sub-agent."},
                                  {"role": "user", "content": "find the callers"}]
     got = []
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy.app), base_url="http://proxy/v1",
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy.app), base_url="http://127.0.0.1/v1",
                                  timeout=30) as client:
         async def post(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> httpx.Response:
             r = await client.post("/chat/completions", headers=SESSION,

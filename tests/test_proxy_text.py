@@ -30,7 +30,7 @@ from loopfence.proxy._answer import STOP_MARKER
 from loopfence.runlog import read_log
 from loopfence.testing import calls_reply, text_reply, tool_call
 
-from _proxy_support import Proxy, ReplyServer, logs_in, reconciles, replays, reset_all
+from _proxy_support import Proxy, ReplyServer, logs_in, reconciles, replays, reset_all, tag
 
 pytestmark = pytest.mark.timeout(300)
 SYSTEM = "You are a helpful assistant that can interact with a computer. Reply with a THOUGHT, then one bash block."
@@ -472,17 +472,18 @@ def test_reset_ends_a_stopped_named_run_and_the_name_starts_afresh(tmp_path: Pat
         ended = httpx.post(f"{root}/loopfence/runs/job/reset", headers=alice, timeout=30)
         assert ended.status_code == 200 and ended.json()["stop"]["reason"] == "max_steps", ended.text
         again = post(proxy.base_url, [{"role": "user", "content": "a new task"}], {**alice, "X-Loopfence-Run": "job"})
-        assert again.headers["x-loopfence-run"] == "job-2" and "x-loopfence-stop" not in again.headers
-        # the same name under another key is another run: names are scoped to the client's key
+        assert again.headers["x-loopfence-run"] == f"{tag('alice')}.job-2" and "x-loopfence-stop" not in again.headers
+        # the same name under another key is another run: names are scoped to the client's key, and its
+        # id owes nothing to alice's (no "-3" telling bob that someone else has a "job")
         other = post(proxy.base_url, [{"role": "user", "content": "bob's task"}], {**bob, "X-Loopfence-Run": "job"})
-        assert other.headers["x-loopfence-run"] == "job-3" and "x-loopfence-stop" not in other.headers
+        assert other.headers["x-loopfence-run"] == f"{tag('bob')}.job" and "x-loopfence-stop" not in other.headers
         # the same conversation from two keys is two runs (the routes are per key too)
         mine = post(proxy.base_url, [{"role": "user", "content": "the same"}], alice)
         theirs = post(proxy.base_url, [{"role": "user", "content": "the same"}], bob)
         assert mine.status_code == theirs.status_code == 200, theirs.text
         assert mine.headers["x-loopfence-run"] != theirs.headers["x-loopfence-run"]
         assert len(up.requests) == 6
-        reconciles(tmp_path / "job.jsonl")
+        reconciles(tmp_path / f"{tag('alice')}.job.jsonl")
 
 
 def test_session_headers_scope_conversations_per_client_key(tmp_path: Path) -> None:
@@ -509,10 +510,12 @@ def test_session_headers_scope_conversations_per_client_key(tmp_path: Path) -> N
     for header, (a, b, a2, elsewhere, c) in seen.items():
         assert a == a2 and len({a, b, elsewhere, c}) == 4, (header, a, b, a2, elsewhere, c)
         assert b.startswith(a + "-"), (a, b)  # the session's second conversation
-    assert seen["x-session-id"][0] == "ses_abc" and seen["X-My-Session"][0] == "mine"
-    assert odd.status_code == 200 and odd.headers["x-loopfence-run"].startswith("s-")
+    k1_tag = tag("k1")
+    assert seen["x-session-id"][0] == f"{k1_tag}.ses_abc" and seen["X-My-Session"][0] == f"{k1_tag}.mine"
+    assert all(c == f"{tag('k2')}.{a.removeprefix(k1_tag + '.')}" for a, _, _, _, c in seen.values())  # its own ids
+    assert odd.status_code == 200 and odd.headers["x-loopfence-run"].startswith(f"{k1_tag}.s-")
     assert len(up.requests) == 26
-    header = read_log(tmp_path / "ses_abc-2.jsonl").header.record["proxy"]
+    header = read_log(tmp_path / f"{k1_tag}.ses_abc-2.jsonl").header.record["proxy"]
     assert header["session"] == "ses_abc"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,14 @@ def add_parser(sub: Any) -> None:
                    "left is finished; a crash leaves them open)")
     p.add_argument("--key", metavar="KEY", action="append", default=[],
                    help="a client key (repeatable): clients then send Authorization: Bearer KEY, and each "
-                   "sees only its own runs")
+                   "sees only its own runs (docs/proxy.md, \"Running it for others\")")
+    p.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                   help="a host name clients reach the proxy by (repeatable; '*': any). Always served: IP "
+                   "addresses, localhost and the --host name; a request naming another host (DNS rebinding) is "
+                   "refused")
+    p.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
+                   help="a web page origin (https://app.example) whose browser requests are served (repeatable; "
+                   "'*': any); by default a request a browser makes for another origin's page is refused")
 
 
 def _upstreams(given: list[str]) -> tuple[str | None, dict[str, str]]:
@@ -104,6 +112,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"loopfence proxy needs the proxy extra ({exc.name} is missing): "
                          "pip install 'loopfence[proxy]'") from None
 
+    # the logs hold every tenant's prompts and tool output: owner-only files (docs/proxy.md, "Running it
+    # for others"), whatever umask the shell had
+    os.umask(0o077)
     # coding agents are what the proxy fences: the coding profile unless the user names another
     # (the defaults are a proving ground: Claude Code's five requests fill their 60,000 prompt tokens)
     profile = args.limits or "coding"
@@ -128,9 +139,10 @@ def main(args: argparse.Namespace) -> int:
                         expire_after=args.expire_after, per_turn=args.budget_per_turn,
                         session_headers=tuple(args.session_header), keep_runs=args.keep_runs)
     try:
-        proxy = Proxy(chat, settings, keys=args.key, state=args.state, lease=args.lease, wires=wires)
+        proxy = Proxy(chat, settings, keys=args.key, state=args.state, lease=args.lease, wires=wires,
+                      hosts=[*args.allow_host, args.host], origins=args.allow_origin)
     except ValueError as exc:
-        raise UsageError(str(exc) if str(exc).startswith("--state") else f"--upstream: {exc}") from None
+        raise UsageError(str(exc) if str(exc).startswith("--") else f"--upstream: {exc}") from None
     where = proxy.upstream.describe() + "".join(f", {w}: {proxy.upstream.describe(w)}" for w in wires)
     shown = profile + (" with --limit " + " ".join(args.limit) if args.limit else "")
 

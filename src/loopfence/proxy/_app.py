@@ -3,7 +3,7 @@
     POST /v1/chat/completions   streamed or not; every answer carries X-Loopfence-Run
     GET  /v1/models             passed through from the upstream
     /run/NAME/v1/...            the same, under the run name NAME (a base URL names the run)
-    GET  /loopfence/runs        this client's runs: ledger and stop
+    GET  /loopfence/runs        this client's runs, oldest first: ledger and stop (?limit=N&after=ID pages)
     GET  /loopfence/runs/{id}   one of them, by id or by this client's run name
     POST /loopfence/runs/{id}/reset   end it (its log gets its stop line) and free its name
     anything else               404 as JSON in the shape of the wire its path belongs to
@@ -12,8 +12,9 @@ The run name is the `X-Loopfence-Run` header; else the first session header an a
 (`SESSION_HEADERS`, then `Settings.session_headers`) names a session, whose conversations are runs of
 their own (`Runs.answer`); each scoped to the client's key.
 
-Client keys (`keys`): when any are set, every route wants `Authorization: Bearer <one of them>`, and
-a client sees only the runs opened with its own key. The body is read within `max_body` bytes.
+Client keys, hosts, browsers and the body's type are `_access.Access`'s: with keys, every route wants
+one of them, and a client sees only the runs opened with its own key. The body is read within
+`max_body` bytes.
 Each request's work runs in a task of its own, so a client that goes away mid-request leaves the run's
 accounting whole (its retry gets the answer).
 """
@@ -23,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -37,6 +37,7 @@ from starlette.routing import Route
 
 from .._json import loads
 from . import _anthropic, _gemini, _responses
+from ._access import Access, Refused
 from ._answer import RUN_HEADER, Answer, sse
 from ._runs import RUN_ID, Runs
 from ._upstream import CLIENT_KEYS
@@ -44,12 +45,12 @@ from ._wire import BadRequest, Incoming, parse
 
 __all__ = ["create_app", "MAX_BODY", "SESSION_HEADERS", "run_name", "SERVED"]
 
-NO_KEY = "a client key is required: Authorization: Bearer <key> (or x-api-key: <key>)"
 # the client headers a request of another wire takes upstream: its version and beta flags, and its key
 # (sent only where the proxy has no key of its own for that upstream, and takes no client keys)
 FORWARDED = ("anthropic-version", "anthropic-beta", *CLIENT_KEYS)
 
 MAX_BODY = 16 << 20  # bytes of one request body, at most
+LIST_LIMIT, MAX_LIST_LIMIT = 100, 1000  # GET /loopfence/runs: runs a page holds by default, and at most
 # The session ids real agents send, each naming a session (docs/proxy.md, "Which run a request belongs
 # to"): opencode's, LiteLLM's (OpenHands, LiteLLM clients), Claude Code's, Codex's (session-id, then thread-id).
 SESSION_HEADERS = ("x-session-id", "x-litellm-session-id", "x-claude-code-session-id", "session-id", "thread-id")
@@ -76,23 +77,15 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
                         headers=headers)
 
 
-def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY) -> Starlette:
-    """The proxy's ASGI app over `runs` (see the module doc)."""
-    allowed = [k.encode() for k in keys]
+def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY,
+               access: Access | None = None) -> Any:
+    """The proxy's ASGI app over `runs` (see the module doc), behind `access` (default: `keys`, the
+    local hosts, no browser origins)."""
+    access = access or Access(keys)
+    allowed = access.keys
+    owner = access.owner
     sessions = (*SESSION_HEADERS, *(h.lower() for h in runs.settings.session_headers))
     tasks: set[asyncio.Task[Any]] = set()  # requests at work (kept from the garbage collector)
-
-    def owner(request: Request) -> str | None:
-        """The client's key digest (who owns a run), or None without keys; PermissionError if refused."""
-        if not allowed:
-            return None
-        given = request.headers.get("authorization", "")
-        token = (given[7:] if given[:7].lower() == "bearer " else  # Anthropic's clients: x-api-key; Google's:
-                 request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")  # x-goog-api-key, ?key=
-                 or request.query_params.get("key") or "").strip().encode()
-        if not any(hmac.compare_digest(token, k) for k in allowed):
-            raise PermissionError
-        return hashlib.sha256(token).hexdigest()[:16]
 
     async def body_of(request: Request) -> Any:
         length = request.headers.get("content-length")
@@ -132,8 +125,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             who = owner(request)
             body = await body_of(request)
             incoming = (read or dialect.parse)(body) if dialect is not None else parse(body)
-        except PermissionError:
-            return refused(dialect, 401, NO_KEY, code="invalid_api_key")
+        except Refused as no:
+            return refused(dialect, no.status, no.message, code=no.code)
         except BadRequest as exc:
             return refused(dialect, exc.status, exc.message, exc.param) if dialect is not None else \
                 JSONResponse(exc.body(), exc.status)
@@ -223,8 +216,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         try:
             owner(request)
             body = await body_of(request)
-        except PermissionError:
-            return refused(dialect, 401, NO_KEY)
+        except Refused as no:
+            return refused(dialect, no.status, no.message, code=no.code)
         except BadRequest as exc:
             return refused(dialect, exc.status, exc.message)
         status, out = await runs.upstream.passthrough(dialect.NAME, path, body, forwarded(request))
@@ -252,29 +245,33 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     async def models(request: Request) -> Response:
         try:
             owner(request)
-        except PermissionError:
-            return _error(401, NO_KEY, code="invalid_api_key")
+        except Refused as no:
+            return _error(no.status, no.message, code=no.code)
         status, body = await runs.upstream.models()
         return JSONResponse(body, status)
 
     async def list_runs(request: Request) -> Response:
         try:
             who = owner(request)
-        except PermissionError:
-            return _error(401, NO_KEY, code="invalid_api_key")
+        except Refused as no:
+            return _error(no.status, no.message, code=no.code)
+        limit = request.query_params.get("limit", str(LIST_LIMIT))
+        if not limit.isdigit() or not 1 <= int(limit) <= MAX_LIST_LIMIT:
+            return _error(400, f"limit= is a number of runs from 1 to {MAX_LIST_LIMIT}, got {limit[:20]!r}", param="limit")
         try:
-            data = await runs.listing(who)
+            data, more = await runs.listing(who, request.query_params.get("after") or None, int(limit))
         except BadRequest as exc:
             return JSONResponse(exc.body(), exc.status)
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": data, "has_more": more,
+                             "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
 
     def run_route(act: Any) -> Any:
         """A route on one of this client's runs (by id or run name): `act(rid, who)`, 404 if none."""
         async def route(request: Request) -> Response:
             try:
                 who = owner(request)
-            except PermissionError:
-                return _error(401, NO_KEY, code="invalid_api_key")
+            except Refused as no:
+                return _error(no.status, no.message, code=no.code)
             rid = request.path_params["run_id"]
             try:
                 run = await act(rid, who)
@@ -288,7 +285,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     async def not_served(request: Request) -> Response:
         return _unknown_route(request.method, request.url.path)
 
-    return Starlette(routes=[
+    return access.middleware(Starlette(routes=[
         Route("/v1/chat/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/run/{name}/v1/chat/completions", completions, methods=["POST"]),
@@ -305,7 +302,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         Route("/loopfence/runs/{run_id}", run_route(runs.one), methods=["GET"]),
         Route("/loopfence/runs/{run_id}/reset", run_route(runs.reset), methods=["POST"]),
         Route("/{path:path}", not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
-    ])
+    ]), shaped)
 
 
 SERVED = ("POST /v1/chat/completions, GET /v1/models, POST /v1/responses, POST /v1/messages (Anthropic), "
@@ -321,11 +318,20 @@ def _unknown_route(method: str, path: str) -> JSONResponse:
     if "/v1/v1/" in path:
         what += ("; the base URL has /v1 twice: an Anthropic client (ANTHROPIC_BASE_URL) takes the proxy's root, "
                  "http://HOST:PORT, with no /v1")
+    return shaped(path, 404, what, "unknown_route")
+
+
+def shaped(path: str, status: int, message: str, code: str) -> JSONResponse:
+    """An error as JSON in the shape of the wire `path` belongs to (Anthropic Messages, Gemini, else OpenAI's)."""
     if "/messages" in path:
-        return JSONResponse(_anthropic.error(404, what), 404)
-    if path.startswith(("/v1beta/", "/v1alpha/")):
-        return JSONResponse({"error": {"code": 404, "message": what, "status": "NOT_FOUND"}}, 404)
-    return _error(404, what, code="unknown_route")
+        return JSONResponse(_anthropic.error(status, message), status)
+    if path.startswith(("/v1beta/", "/v1alpha/")) or "/v1beta/" in path:
+        return JSONResponse({"error": {"code": status, "message": message, "status": _GOOGLE.get(status, "UNKNOWN")}},
+                            status)
+    return _error(status, message, code=code)
+
+
+_GOOGLE = {403: "PERMISSION_DENIED", 404: "NOT_FOUND", 415: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED"}
 
 
 async def _iterate(parts: Any, sent: list[bool]) -> AsyncIterator[bytes]:

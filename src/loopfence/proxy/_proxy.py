@@ -15,6 +15,7 @@ import httpx
 import uvicorn
 
 from ..tools._registry import ToolKind
+from ._access import Access
 from ._app import MAX_BODY, create_app
 from ._restore import restore
 from ._redis import RedisRuns
@@ -48,19 +49,23 @@ class Proxy:
     """The fence on the wire. `upstream`: an OpenAI-compatible base URL (`.../v1`), or None for the
     embedded model; its key from `key`, else LOOPFENCE_UPSTREAM_KEY, else OPENAI_API_KEY. `wires`:
     another wire's own upstream by name (`{"anthropic": ROOT}`); its requests are translated to the
-    Chat Completions one without. `keys`: the client keys (none: any client). `app`: the ASGI app."""
+    Chat Completions one without. `keys`: the client keys (none: any client; an empty one is a
+    ValueError). `hosts`: the names a request's Host may give besides IP literals and localhost (None:
+    any); `origins`: the browser origins allowed (`_access`). `app`: the ASGI app."""
 
     def __init__(self, upstream: str | None = None, settings: Settings | None = None, *,
                  keys: Iterable[str] = (), key: str | None = None, max_body: int = MAX_BODY,
                  transport: httpx.AsyncBaseTransport | None = None, local: Any = None,
-                 state: str | None = None, lease: float = 30.0, wires: dict[str, str] | None = None) -> None:
+                 state: str | None = None, lease: float = 30.0, wires: dict[str, str] | None = None,
+                 hosts: Iterable[str] | None = (), origins: Iterable[str] = ()) -> None:
+        access = Access(keys, hosts, origins)  # first: an empty key is refused before anything is made
         self.settings = settings or Settings()
         if self.settings.logs is not None:
             self.settings.logs.mkdir(parents=True, exist_ok=True)
         self.upstream = Upstream(upstream, key or upstream_key(), local=local, transport=transport, wires=wires)
         self.runs = Runs(self.upstream, self.settings) if state is None else \
             RedisRuns(self.upstream, self.settings, state, lease=lease)
-        self.app = create_app(self.runs, keys=keys, max_body=max_body)
+        self.app = create_app(self.runs, max_body=max_body, access=access)
 
     async def restore(self) -> int:
         """Fold back the runs logged in the log folder (a restart): how many continue. On Redis the

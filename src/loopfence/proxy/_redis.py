@@ -7,7 +7,8 @@ run again over the recorded traffic). Beside the list, the hash `lf:run:<id>` ho
 not: who opened it, its version (the list's length), the latest request's digest and its answer, the
 stop's answer, the conversation digests (`meta`), and the summary `GET /loopfence/runs` shows. The
 keys `lf:name:<key>/<name>`, `lf:conv:<key>/<digest>` and `lf:latest:<key>/<digest>` (`<key>`: the client
-key's digest, empty without keys) route a request to its run (the name first; else a retry of an open run's latest request; else the longest view of the
+key's digest, empty without keys) route a request to its run, and the sorted set `lf:owned:<key>` lists
+a key's runs, oldest first (`GET /loopfence/runs` reads a page of it, never another key's runs) (the name first; else a retry of an open run's latest request; else the longest view of the
 request that a run's latest request had, `_view.digests`).
 
 One request is two round trips, each one Lua script (atomic: Redis runs one at a time):
@@ -57,7 +58,7 @@ from .._log._reader import parse_log
 from .._log._writer import RunLog, line
 from ._answer import Answer
 from ._restore import fold
-from ._runs import RETRY_S, RUN_ID, Runs, Settings, WireRun, keyed
+from ._runs import RETRY_S, RUN_ID, Runs, Settings, WireRun, id_base, keyed, numbered
 from ._upstream import Relay, Upstream
 from ._wire import BadRequest, Incoming
 
@@ -94,10 +95,10 @@ else
   if not rid and again and g[2] then rid = again end
 end
 if rid and redis.call('EXISTS', P .. 'run:' .. rid) == 0 then rid = false end
+if rid and redis.call('HGET', P .. 'run:' .. rid, 'owner') ~= A[6] then rid = false end  -- never another key's
 if rid then
   local f = redis.call('HMGET', P .. 'run:' .. rid, 'owner', 'latest', 'answer', 'finished', 'stopped', 'at',
                        'delivered')
-  if f[1] ~= A[6] then return {'forbidden', rid} end
   if f[2] == A[4] and f[3] and (A[17] == '1' or (f[7] ~= A[4] and not (f[6] and NOW - tonumber(f[6]) >= tonumber(A[16])))) then
     return {'answer', f[3]}
   end
@@ -119,10 +120,13 @@ if not rid then
   local n = tonumber(A[14])
   while redis.call('EXISTS', P .. 'run:' .. rid) == 1 do
     n = n + 1
-    rid = A[15] .. '-' .. n
+    local suffix = '-' .. n
+    rid = string.sub(A[15], 1, 128 - #suffix) .. suffix
   end
   redis.call('HSET', P .. 'run:' .. rid, 'owner', A[6], 'version', '0', 'named', A[2])
   redis.call('PEXPIRE', P .. 'run:' .. rid, A[12])
+  redis.call('ZADD', P .. 'owned:' .. A[6], NOW, rid)  -- the key's runs, oldest first: its listing
+  redis.call('PEXPIRE', P .. 'owned:' .. A[6], A[12])
   if A[2] ~= '' then redis.call('SET', P .. 'name:' .. A[6] .. '/' .. A[2], rid, 'PX', A[12]) end
 end
 redis.call('SET', P .. 'lock:' .. rid, A[7] .. '|' .. A[4], 'PX', A[8])
@@ -160,6 +164,7 @@ if named[1] and named[1] ~= '' then redis.call('PEXPIRE', P .. 'name:' .. who ..
 redis.call('PEXPIRE', P .. 'latest:' .. who .. A[5], A[4])
 redis.call('PEXPIRE', run, A[4])
 redis.call('PEXPIRE', log, A[4])
+redis.call('PEXPIRE', P .. 'owned:' .. (named[2] or ''), A[4])
 redis.call('DEL', lk)
 return 1
 """
@@ -281,16 +286,34 @@ class RedisRuns(Runs):
                          "answered, send it again once the store is back")
 
     # -- what the app reads -----------------------------------------------------------------------
-    async def listing(self, owner: str | None) -> list[dict[str, Any]]:
-        out = []
+    async def listing(self, owner: str | None, after: str | None = None,
+                      limit: int = 100) -> tuple[list[dict[str, Any]], bool]:
+        """A page of this key's runs from its index (`lf:owned:<key>`, oldest first): a read of the index
+        and one of each run shown, whatever other keys hold. Runs expired since leave the index here."""
+        index = f"{PREFIX}owned:{owner or ''}"
+        out: list[dict[str, Any]] = []
         try:
-            async for key in self.redis.scan_iter(match=PREFIX + "run:*", count=500):
-                who, desc = await self.redis.hmget(key, "owner", "desc")
-                if desc is not None and _text(who) == (owner or ""):
-                    out.append(json.loads(desc))
+            start = 0
+            if after:
+                rank = await self.redis.zrank(index, after)
+                if rank is None:
+                    raise BadRequest(f"no run {after[:128]!r} in this client's listing (after=)", "after", 400)
+                start = rank + 1
+            while True:
+                ids = [_text(x) for x in await self.redis.zrange(index, start, start + limit)]  # one past: more?
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for rid in ids:
+                        pipe.hmget(PREFIX + "run:" + rid, "owner", "desc")
+                    found = await pipe.execute() if ids else []
+                gone = [rid for rid, (_, desc) in zip(ids, found) if desc is None]
+                out += [json.loads(desc) for who, desc in found if desc is not None and _text(who) == (owner or "")]
+                if gone:
+                    await self.redis.zrem(index, *gone)  # expired: the index forgets them too
+                if len(out) > limit or len(ids) <= limit:
+                    return out[:limit], len(out) > limit
+                start += len(ids) - len(gone)
         except self._errors as exc:
             raise self._down(exc) from None
-        return out
 
     async def one(self, rid: str, owner: str | None) -> dict[str, Any] | None:
         try:
@@ -367,24 +390,23 @@ class RedisRuns(Runs):
             incoming = incoming.scoped(session)  # its conversations' routes are the session's own
         conv = " ".join(incoming.extends[:64]) if named is None else ""
         token = uuid.uuid4().hex
-        cand, n = self._candidate(named or session)
+        cand, n = self._candidate(named or session, owner)
+        base = id_base(named or session or "", owner)
         known = "1" if named is not None and self.settings.logs is not None and \
-            (self.settings.logs / f"{named}.jsonl").exists() else ""
+            (self.settings.logs / f"{numbered(base, 1)}.jsonl").exists() else ""
         model = self.upstream.model_name(incoming.model, incoming.wire)
         pause = 0.005
         waited = ""  # "1" once told to wait for this same request in flight: its answer is ours, delivered or not
         while True:
             got = await self._call(self._claim, [
                 self.epoch, named or "", conv, incoming.whole, cand, owner or "", token, self.lease_ms,
-                *self._have(named, owner, incoming), known, self.ttl_ms, uuid.uuid4().hex, n, named or session or "",
+                *self._have(named, owner, incoming), known, self.ttl_ms, uuid.uuid4().hex, n, base,
                 int(RETRY_S * 1000), waited])
             kind = _text(got[0])
             if kind == "answer":
                 return Answer.from_json(json.loads(got[1])), False
             if kind == "run":
                 break
-            if kind == "forbidden":
-                raise BadRequest(f"run {_text(got[1])} belongs to another client key", "X-Loopfence-Run", 403)
             if kind in ("lost", "epoch"):
                 self.epoch = _text(got[1])
                 self.cache.clear()
@@ -412,14 +434,16 @@ class RedisRuns(Runs):
             on_run(rid)
         return await self._work(run, version, lock, incoming, relay), True
 
-    def _candidate(self, named: str | None) -> tuple[str, int]:
-        """The id a new run would get: the name (or name-N past the logs on file), else a fresh one."""
+    def _candidate(self, named: str | None, owner: str | None) -> tuple[str, int]:
+        """The id a new run would get: the name under its key's tag (or that, numbered, past the logs on
+        file: `numbered`), else a fresh one."""
         if named is None:
             return uuid.uuid4().hex, 1
-        rid, n = named, 1
+        base, n = id_base(named, owner), 1
+        rid = numbered(base, n)
         while self.settings.logs is not None and (self.settings.logs / f"{rid}.jsonl").exists():
             n += 1
-            rid = f"{named}-{n}"
+            rid = numbered(base, n)
         return rid, n
 
     def _have(self, named: str | None, owner: str | None, incoming: Incoming) -> tuple[str, str]:

@@ -67,7 +67,7 @@ from ._view import (TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, acti
 from ._wire import BadRequest, Incoming
 
 __all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "RETRY_S", "FRAMEWORK", "NOTES", "keyed", "opening", "precheck",
-           "value_of"]
+           "value_of", "id_base", "numbered"]
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A request identical to its run's latest is a retry while that is in flight, or up to this many seconds
@@ -143,6 +143,21 @@ class WireRun:
                 "stop": None if result is None else {**result.stop.to_json(), "verdict": str(result.stop.verdict)}}
 
 
+def id_base(named: str, owner: str | None) -> str:
+    """What a named run's id starts from: the name, under a client key behind that key's tag (its
+    digest's first 12 hex digits), so that one key's ids never depend on another's names."""
+    return named if owner is None else f"{owner[:12]}.{named}"
+
+
+def numbered(base: str, n: int) -> str:
+    """The id `base` gets as the n-th run of its name: `base`, then `base-2`, ..., cut to stay a run
+    id (128 characters at most: a 128-character name's second run is not refused by its own proxy)."""
+    if n <= 1:
+        return base[:128]
+    suffix = f"-{n}"
+    return base[:128 - len(suffix)] + suffix
+
+
 def keyed(owner: str | None, digest: str) -> str:
     """A route's key: the digest under the client key that sent it (one client never lands in
     another's run by sending the same conversation)."""
@@ -187,9 +202,15 @@ class Runs:
     def visible(self, owner: str | None) -> list[WireRun]:
         return [r for r in self.runs.values() if r.owner == owner]
 
-    async def listing(self, owner: str | None) -> list[dict[str, Any]]:
-        """The runs opened with this client key (`WireRun.describe`)."""
-        return [r.describe() for r in self.visible(owner)]
+    async def listing(self, owner: str | None, after: str | None = None,
+                      limit: int = 100) -> tuple[list[dict[str, Any]], bool]:
+        """A page of the runs opened with this client key (`WireRun.describe`), oldest first: those
+        after the run `after`, at most `limit`; and whether more follow."""
+        mine = self.visible(owner)
+        start = next((i + 1 for i, r in enumerate(mine) if r.id == after), None) if after else 0
+        if start is None:
+            raise BadRequest(f"no run {after[:128]!r} in this client's listing (after=)", "after", 400)
+        return [r.describe() for r in mine[start:start + limit]], len(mine) > start + limit
 
     async def one(self, rid: str, owner: str | None) -> dict[str, Any] | None:
         """The run `rid` (its id or the name a client gave it) if this client key opened it."""
@@ -287,8 +308,8 @@ class Runs:
             incoming = incoming.scoped(session)
         self.expire()
         run = self._route(incoming, named, owner)
-        if run is not None and run.owner != owner:
-            raise BadRequest(f"run {run.id} belongs to another client key", "X-Loopfence-Run", 403)
+        if run is not None and run.owner != owner:  # routes are per key: never another key's run, nor a word of it
+            run = None
         if run is not None:
             latest = run.latest
             if latest is not None and latest[0] == incoming.whole and self.retrying(run):  # the same answer
@@ -424,18 +445,19 @@ class Runs:
         conversation; under a name, another conversation of the session may come in between)."""
         return run.conv is None or bool(set(run.conv.split()) & set(incoming.extends))
 
-    def _new_id(self, named: str | None) -> str:
+    def _new_id(self, named: str | None, owner: str | None) -> str:
         if named is None:
             return uuid.uuid4().hex
-        rid, n = named, 1
+        base, n = id_base(named, owner), 1
+        rid = numbered(base, n)
         while rid in self.runs or (self.settings.logs is not None and (self.settings.logs / f"{rid}.jsonl").exists()):
             n += 1
-            rid = f"{named}-{n}"
+            rid = numbered(base, n)
         return rid
 
     def _start(self, incoming: Incoming, named: str | None, user_agent: str, owner: str | None,
                session: str | None = None, *, unplaced: bool = False) -> WireRun:
-        rid = self._new_id(named or session)
+        rid = self._new_id(named or session, owner)
         st = self.settings
         log = None if st.logs is None else st.logs / f"{rid}.jsonl"
         limits = None
