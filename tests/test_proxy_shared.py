@@ -30,9 +30,15 @@ CHROMIUM = "/usr/bin/chromium"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "spend the upstream"}]}
 
 
+def _reply(body: dict[str, Any]) -> dict[str, Any]:
+    if "slow one" in json.dumps(body):
+        threading.Event().wait(1.5)  # a first request still at the upstream
+    return text_reply("ok")
+
+
 @pytest.fixture
 def upstream() -> Iterator[ReplyServer]:
-    with ReplyServer(lambda body: text_reply("ok")) as up:
+    with ReplyServer(_reply) as up:
         yield up
 
 
@@ -64,8 +70,12 @@ def test_the_logs_a_proxy_writes_are_its_owners_alone(upstream: ReplyServer, tmp
         assert httpx.post(f"{p.base_url}/chat/completions", json=BODY, timeout=30).status_code == 200
     files = [*logs.glob("*.jsonl"), *(logs / ".proxy").glob("*.jsonl")]
     assert len(files) == 2
-    assert {oct(f.stat().st_mode & 0o777) for f in files} == {"0o600"}
-    assert oct(logs.stat().st_mode & 0o777) == "0o700" and oct((logs / ".proxy").stat().st_mode & 0o777) == "0o700"
+    umask = os.umask(0)
+    os.umask(umask)
+    for made, full in [*((f, 0o666) for f in files), (logs, 0o777), (logs / ".proxy", 0o777)]:
+        mode = made.stat().st_mode & 0o777
+        assert mode & 0o007 == 0, (made, oct(mode))  # never anyone else's to read
+        assert mode == full & ~(umask | 0o007), (made, oct(mode), oct(umask))  # the group bits are the umask's
 
 
 # -- 3. the listing on Redis, per key and paged ------------------------------------------------------
@@ -98,6 +108,17 @@ def test_a_keys_listing_on_redis_reads_its_own_index_a_page_at_a_time(upstream: 
                     break
                 after = page["last_id"]
             assert listed == made and pages == 3  # every run once, oldest first: 100, 100, 50
+            # a run at its first request is not listed yet, and stays in the index: listed once it answers
+            slow = threading.Thread(target=lambda: client.post(
+                f"{p.base_url}/chat/completions", headers=alice,
+                json={**BODY, "messages": [{"role": "user", "content": "slow one"}]}))
+            slow.start()
+            while not any("slow one" in json.dumps(b) for b in upstream.requests):
+                threading.Event().wait(0.02)
+            during = client.get(f"{root}/loopfence/runs", headers=alice, params={"after": made[-1]}).json()
+            slow.join()
+            after = client.get(f"{root}/loopfence/runs", headers=alice, params={"after": made[-1]}).json()
+            assert during["data"] == [] and len(after["data"]) == 1, (during, after)
             bad = client.get(f"{root}/loopfence/runs", headers=alice, params={"limit": "0"})
             assert bad.status_code == 400 and "limit=" in bad.text
             gone = client.get(f"{root}/loopfence/runs", headers=bob, params={"after": made[0]})
@@ -148,9 +169,16 @@ def test_a_host_that_is_not_the_proxys_is_refused(proxy: Proxy, upstream: ReplyS
         assert "--allow-host" in listing.json()["error"]["message"]
         sent = httpx.post(f"{proxy.base_url}/chat/completions", json=BODY, headers={"Host": host}, timeout=30)
         assert sent.status_code == 403
-    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "[::1]", "10.0.0.7:80"):
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "[::1]", "10.0.0.7:80", "localhost.", "127.0.0.1."):
         r = httpx.get(f"{root}/loopfence/runs", headers={"Host": host}, timeout=30)
         assert r.status_code == 200, (host, r.text)
+    for method, path in (("HEAD", "/loopfence/runs"), ("GET", "/no/such/route"), ("OPTIONS", "/v1/chat/completions")):
+        r = httpx.request(method, f"{root}{path}", headers={"Host": "attacker.example"}, timeout=30)
+        assert r.status_code == 403, (method, path, r.status_code)  # before any route, a 404 included
+    two = httpx.post(f"{proxy.base_url}/chat/completions", content=json.dumps(BODY), timeout=30,
+                     headers=[("Content-Type", "application/json"), ("Origin", "http://127.0.0.1:1"),
+                              ("origin", "http://127.0.0.1:2")])
+    assert two.status_code == 400 and two.json()["error"]["code"] == "duplicate_header"
     assert upstream.requests == []
 
 
@@ -187,9 +215,19 @@ def test_an_allowed_origin_host_and_a_person_opening_a_url_are_served(upstream: 
         ok = httpx.post(f"{p.base_url}/chat/completions", json=BODY, timeout=30,
                         headers={"Origin": "https://app.example", "Sec-Fetch-Site": "cross-site"})
         assert ok.status_code == 200, ok.text
+        assert ok.headers["access-control-allow-origin"] == "https://app.example"  # the page may read it
+        assert "X-Loopfence-Run" in ok.headers["access-control-expose-headers"]
+        pre = httpx.options(f"{p.base_url}/chat/completions", timeout=30, headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == "https://app.example"
+        assert "authorization" in pre.headers["access-control-allow-headers"]
         other = httpx.post(f"{p.base_url}/chat/completions", json=BODY, timeout=30,
                            headers={"Origin": "https://evil.example"})
-        assert other.status_code == 403
+        assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+        refused = httpx.options(f"{p.base_url}/chat/completions", timeout=30, headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
         typed = httpx.get(f"{p.base_url.removesuffix('/v1')}/loopfence/runs", headers={"Sec-Fetch-Site": "none"},
                           timeout=30)
         assert typed.status_code == 200  # the user's own browser, a URL typed in

@@ -112,9 +112,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"loopfence proxy needs the proxy extra ({exc.name} is missing): "
                          "pip install 'loopfence[proxy]'") from None
 
-    # the logs hold every tenant's prompts and tool output: owner-only files (docs/proxy.md, "Running it
-    # for others"), whatever umask the shell had
-    os.umask(0o077)
+    # the logs hold every tenant's prompts and tool output: never readable by others (docs/proxy.md,
+    # "Running it for others"); the group bits stay the umask's (replicas sharing a volume by group)
+    os.umask(os.umask(0o077) | 0o007)
     # coding agents are what the proxy fences: the coding profile unless the user names another
     # (the defaults are a proving ground: Claude Code's five requests fill their 60,000 prompt tokens)
     profile = args.limits or "coding"

@@ -60,7 +60,7 @@ from ._stream import StreamEnd
 from ._sync import SyncLoop
 from ._tokencount import ServerTokenCounter
 
-__all__ = ["OpenAIModel", "Timeouts", "RUN_ID_HEADER", "MAX_RESPONSE_BYTES"]
+__all__ = ["OpenAIModel", "Timeouts", "RUN_ID_HEADER", "MAX_RESPONSE_BYTES", "TOKEN_CAPS", "cap_tokens"]
 
 RUN_ID_HEADER = "X-Loopfence-Run-Id"  # each request's run (the log header's run_id), where it has one
 
@@ -267,7 +267,7 @@ class OpenAIModel:
             body.pop("tool_choice", None)
             body.pop("parallel_tool_calls", None)
         if request.max_tokens is not None:
-            _cap_tokens(body, request.max_tokens)
+            cap_tokens(body, request.max_tokens)
         if self.stream:
             body["stream"] = True
             if self.include_usage:
@@ -314,14 +314,16 @@ class OpenAIModel:
                         f"{self.request_timeout:g}s", request_timeout=self.request_timeout)
 
 
-_TOKEN_CAPS = ("max_tokens", "max_completion_tokens")
+# every field a known Chat Completions server reads as the reply's token count: OpenAI's two, and
+# llama.cpp's n_predict (read before max_tokens there); docs/proxy.md lists each wire's
+TOKEN_CAPS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
-def _cap_tokens(body: dict[str, Any], cap: int) -> None:
-    """Every completion cap in `body` at most `cap` (a value that is not a positive integer is
-    replaced); `max_tokens: cap` when there is none."""
-    names = [n for n in _TOKEN_CAPS if n in body] or ["max_tokens"]
-    for name in names:
+def cap_tokens(body: dict[str, Any], cap: int, names: tuple[str, ...] = TOKEN_CAPS,
+               default: str = "max_tokens") -> None:
+    """Every completion cap `names` in `body` at most `cap` (a value that is not a positive integer,
+    llama.cpp's -1 for "no limit" among them, is replaced); `default: cap` when there is none."""
+    for name in [n for n in names if n in body] or [default]:
         given = body.get(name)
         ok = isinstance(given, int) and not isinstance(given, bool) and given >= 1
         body[name] = min(given, cap) if ok else cap

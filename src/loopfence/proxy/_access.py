@@ -8,7 +8,8 @@ A proxy holds an upstream key, so a request it serves spends someone's money. Be
   given with `--allow-host` (`*`: any).
 - **Browsers.** A request a browser sends for a page of another origin says so (`Origin`, or
   `Sec-Fetch-Site: cross-site`/`same-site`); it is refused (403) unless its origin is allowed
-  (`--allow-origin`). Agents and SDKs send neither; a person opening a URL sends `Sec-Fetch-Site: none`.
+  (`--allow-origin`; an allowed origin gets CORS: its preflight answered, its responses readable).
+  Agents and SDKs send neither; a person opening a URL sends `Sec-Fetch-Site: none`.
 - **JSON only.** A POST with a body must be `Content-Type: application/json` (415): a form, or a
   `no-cors` fetch of `text/plain`, is what a page can send without asking the server first (a POST
   with no body, `.../reset`, carries nothing to type).
@@ -34,6 +35,7 @@ __all__ = ["Access", "Refused", "NO_KEY"]
 
 NO_KEY = "a client key is required: Authorization: Bearer <key> (or x-api-key: <key>)"
 FOREIGN_SITES = ("cross-site", "same-site")  # Sec-Fetch-Site of a request made for another origin's page
+SINGLE = frozenset({"host", "origin", "content-type", "sec-fetch-site"})  # a request with two of one is refused
 
 
 class Refused(Exception):
@@ -56,7 +58,7 @@ class Access:
             raise ValueError("--key: an empty client key would let in any client that sends no key; give a "
                              "key of at least one character (or no --key: any client)")
         self.keys = [k.strip().encode() for k in keys]
-        self.hosts = None if hosts is None else {h.lower().strip("[]") for h in hosts}
+        self.hosts = None if hosts is None else {_hostname(h) for h in hosts}  # "name:port" is "name"
         self.origins = {o.rstrip("/").lower() for o in origins}
 
     # -- every request ------------------------------------------------------------------------------
@@ -64,7 +66,7 @@ class Access:
         """Refused unless the request's Host, origin and (for a POST) content type are allowed."""
         host = _hostname(headers.get("host", ""))
         if host and self.hosts is not None and "*" not in self.hosts and not _local(host) \
-                and host not in self.hosts:
+                and not self._named(host):
             raise Refused(403, f"this proxy does not serve the host {host[:100]!r} (the Host header); start it with "
                           f"--allow-host {host[:100]} if clients reach it by that name", "host_not_allowed")
         origin = headers.get("origin")
@@ -79,6 +81,10 @@ class Access:
             raise Refused(415, f"the proxy takes Content-Type: application/json (got "
                           f"{given[:60]!r})" if given else "the proxy takes Content-Type: application/json (none "
                           "was sent; curl: -H 'Content-Type: application/json')", "unsupported_media_type")
+
+    def _named(self, host: str) -> bool:
+        """`host` is an --allow-host name, or under one given as `.suffix` (`.svc.cluster.local`)."""
+        return host in self.hosts or any(h.startswith(".") and host.endswith(h) for h in self.hosts or ())
 
     def _allowed(self, origin: str | None) -> bool:
         return origin is not None and ("*" in self.origins or origin.rstrip("/").lower() in self.origins)
@@ -96,26 +102,58 @@ class Access:
         return hashlib.sha256(token).hexdigest()[:16]
 
     def middleware(self, app: Any, shape: Callable[[str, int, str, str], JSONResponse]) -> Any:
-        """`app` behind `check`: a refused request gets `shape(path, status, message, code)`."""
+        """`app` behind `check`: a refused request gets `shape(path, status, message, code)`. A request
+        of an allowed origin gets CORS: its preflight answered, its response readable by that page."""
         async def guarded(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
                           send: Callable[[Any], Awaitable[None]]) -> None:
-            if scope["type"] == "http":
-                headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-                try:
-                    self.check(scope["method"], headers)
-                except Refused as no:
-                    await shape(scope["path"], no.status, no.message, no.code)(scope, receive, send)
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            headers: dict[str, str] = {}
+            try:
+                for k, v in scope["headers"]:
+                    name = k.decode("latin-1").lower()
+                    if name in SINGLE and name in headers:  # two Hosts, two Origins: read one way everywhere
+                        raise Refused(400, f"the request has more than one {name} header", "duplicate_header")
+                    headers[name] = v.decode("latin-1")
+                origin = headers.get("origin")
+                if scope["method"] == "OPTIONS" and origin is not None and self._allowed(origin):
+                    await JSONResponse(None, 204, headers=_cors(origin, preflight=True))(scope, receive, send)
                     return
-            await app(scope, receive, send)
+                self.check(scope["method"], headers)
+            except Refused as no:
+                await shape(scope["path"], no.status, no.message, no.code)(scope, receive, send)
+                return
+            if origin is None:
+                await app(scope, receive, send)
+                return
+
+            async def with_cors(message: Any) -> None:  # an allowed page may read the answer
+                if message["type"] == "http.response.start":
+                    extra = [(k.lower().encode(), v.encode()) for k, v in _cors(origin, preflight=False).items()]
+                    message = {**message, "headers": [*message.get("headers", []), *extra]}
+                await send(message)
+            await app(scope, receive, with_cors)
         return guarded
 
 
 def _hostname(host: str) -> str:
-    """The name in a Host header, without its port ("[::1]:8080" -> "::1")."""
+    """The name in a Host header, without its port or a final dot ("[::1]:8080" -> "::1", "name.:80" -> "name")."""
     host = host.strip().lower()
     if host.startswith("["):
         return host[1:host.find("]")] if "]" in host else host[1:]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return (host.rsplit(":", 1)[0] if host.count(":") == 1 else host).rstrip(".") or host
+
+
+def _cors(origin: str, *, preflight: bool) -> dict[str, str]:
+    """The CORS headers for an allowed origin: what a page of it may send (preflight) and read."""
+    out = {"Access-Control-Allow-Origin": origin, "Vary": "Origin",
+           "Access-Control-Expose-Headers": "X-Loopfence-Run, X-Loopfence-Stop"}
+    if preflight:
+        out |= {"Access-Control-Allow-Methods": "GET, POST", "Access-Control-Max-Age": "600",
+                "Access-Control-Allow-Headers": "authorization, content-type, x-api-key, x-goog-api-key, "
+                "anthropic-version, anthropic-beta, x-loopfence-run, x-session-id, session-id"}
+    return out
 
 
 def _local(host: str) -> bool:

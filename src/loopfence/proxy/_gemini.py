@@ -25,6 +25,7 @@ from typing import Any
 from .._json import canonical_json, loads
 from .._messages import Reply
 from ..models._errors import error_stop
+from ..models._openai import cap_tokens
 from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
 from ._answer import WIRE_EXTRA, Answer, Reader, chat_chunk, event_object, sse
@@ -181,13 +182,17 @@ def _contents(contents: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+TOKEN_FIELDS = ("maxOutputTokens", "max_output_tokens")  # generationConfig's reply length, by either name
+
+
 def outgoing(incoming: Incoming, note: str | None, max_tokens: int | None) -> dict[str, Any]:
     body = {k: v for k, v in (incoming.body or {}).items() if k not in ("stream", "x_model")}
-    if max_tokens is not None:
-        config = dict(body.get("generationConfig") or {})
-        asked = config.get("maxOutputTokens")
-        config["maxOutputTokens"] = min(asked, max_tokens) if isinstance(asked, int) else max_tokens
-        body["generationConfig"] = config
+    if max_tokens is not None:  # the API reads a field by its JSON name or its proto name: both capped
+        for holder in ("generationConfig", "generation_config"):
+            if holder in body or holder == "generationConfig":
+                config = dict(body.get(holder) or {})
+                cap_tokens(config, max_tokens, TOKEN_FIELDS, "maxOutputTokens")
+                body[holder] = config
     if note:
         body["contents"] = [*body["contents"], {"role": "user", "parts": [{"text": note}]}]
     return body

@@ -125,8 +125,12 @@ if not rid then
   end
   redis.call('HSET', P .. 'run:' .. rid, 'owner', A[6], 'version', '0', 'named', A[2])
   redis.call('PEXPIRE', P .. 'run:' .. rid, A[12])
-  redis.call('ZADD', P .. 'owned:' .. A[6], NOW, rid)  -- the key's runs, oldest first: its listing
-  redis.call('PEXPIRE', P .. 'owned:' .. A[6], A[12])
+  local owned = P .. 'owned:' .. A[6]
+  for _, old in ipairs(redis.call('ZRANGE', owned, 0, 2)) do  -- its oldest entries, gone since: pruned
+    if redis.call('EXISTS', P .. 'run:' .. old) == 0 then redis.call('ZREM', owned, old) end
+  end
+  redis.call('ZADD', owned, NOW, rid)  -- the key's runs, oldest first: its listing
+  redis.call('PEXPIRE', owned, A[12])
   if A[2] ~= '' then redis.call('SET', P .. 'name:' .. A[6] .. '/' .. A[2], rid, 'PX', A[12]) end
 end
 redis.call('SET', P .. 'lock:' .. rid, A[7] .. '|' .. A[4], 'PX', A[8])
@@ -253,19 +257,19 @@ class RedisRuns(Runs):
         return None
 
     async def heal(self) -> int:
-        """Every log file of a run the store holds, brought up to the store's version: a replica killed
-        between a commit and its file write leaves the file short. How many files were behind."""
+        """Every log file of a run the store holds, brought up to the store's version (a replica killed
+        between a commit and its file write leaves the file short), and every run in its key's listing
+        index (a run older than the index). How many files were behind."""
         logs, behind = self.settings.logs, 0
-        if logs is None:
-            return 0
         async for key in self.redis.scan_iter(match=PREFIX + "run:*", count=500):
             rid = _text(key)[len(PREFIX) + 4:]
-            version = await self.redis.hget(key, "version")
-            path = logs / f"{rid}.jsonl"
+            version, who = await self.redis.hmget(key, "version", "owner")
             if version is None or not RUN_ID.fullmatch(rid):
                 continue
-            have = path.read_bytes().count(b"\n") if path.exists() else 0
-            if have < int(version):
+            await self.redis.zadd(f"{PREFIX}owned:{_text(who or b'')}", {rid: 0}, nx=True)
+            path = None if logs is None else logs / f"{rid}.jsonl"
+            have = path.read_bytes().count(b"\n") if path is not None and path.exists() else 0
+            if path is not None and have < int(version):
                 await self._mirror(rid, int(version), [])
                 behind += 1
         return behind
@@ -305,8 +309,9 @@ class RedisRuns(Runs):
                     for rid in ids:
                         pipe.hmget(PREFIX + "run:" + rid, "owner", "desc")
                     found = await pipe.execute() if ids else []
-                gone = [rid for rid, (_, desc) in zip(ids, found) if desc is None]
-                out += [json.loads(desc) for who, desc in found if desc is not None and _text(who) == (owner or "")]
+                gone = [rid for rid, (who, _) in zip(ids, found) if who is None]  # expired (one at its first
+                out += [json.loads(desc) for who, desc in found  # request has no summary yet: not shown, kept)
+                        if desc is not None and who is not None and _text(who) == (owner or "")]
                 if gone:
                     await self.redis.zrem(index, *gone)  # expired: the index forgets them too
                 if len(out) > limit or len(ids) <= limit:
@@ -562,7 +567,7 @@ class RedisRuns(Runs):
         lacks (fetched from the store when they are not this request's own)."""
         assert self.settings.logs is not None
         path = self.settings.logs / f"{rid}.jsonl"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)  # as RunLog makes one: the umask decides
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             data = _read_all(fd)

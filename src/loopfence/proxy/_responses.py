@@ -29,6 +29,7 @@ from typing import Any
 
 from .._json import canonical_json
 from .._messages import Reply
+from ..models._openai import TOKEN_CAPS, cap_tokens
 from ..models._errors import error_stop
 from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
@@ -176,9 +177,8 @@ def _items(raw: list[Any], whole: bool = True) -> list[dict[str, Any]]:
 
 def outgoing(incoming: Incoming, note: str | None, max_tokens: int | None) -> dict[str, Any]:
     body = dict(incoming.body or {})
-    if max_tokens is not None:
-        asked = body.get("max_output_tokens")
-        body["max_output_tokens"] = min(asked, max_tokens) if isinstance(asked, int) else max_tokens
+    if max_tokens is not None:  # (and the Chat Completions names, which servers of this wire may read too)
+        cap_tokens(body, max_tokens, ("max_output_tokens", *TOKEN_CAPS), "max_output_tokens")
     if note:
         given = body.get("input")
         items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else list(given or [])

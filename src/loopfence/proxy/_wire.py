@@ -198,7 +198,9 @@ def _check_params(body: dict[str, Any]) -> None:
             raise BadRequest(f"{name} must be a number, got {kind(v)}", name)
     for name in _COUNTS:
         v = body.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "seed" else 1)):
+        if v is None or (name == "n_predict" and v == -1):  # llama.cpp's -1, "no limit": capped like any other
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "seed" else 1):
             raise BadRequest(f"{name} must be a positive integer, got {v!r}"[:200], name)
     n = body.get("n")
     if n is not None and n != 1:
