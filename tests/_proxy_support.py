@@ -137,15 +137,15 @@ class ReplyServer(FakeServer):
 
 
 class Proxy:
-    """`loopfence proxy` as a real process: started with `args`, its base URL read from the one line it
-    prints. `stop()` sends SIGTERM and checks it exits 0; `kill()` is kill -9. stderr goes to a file."""
+    """`loopfence proxy` as a real process: started with `args` (under `wrap`, a command such as
+    `prlimit --as=...`), its base URL read from the one line it prints. `stop()` sends SIGTERM and checks it exits 0; `kill()` is kill -9. stderr goes to a file."""
 
-    def __init__(self, *args: str, stderr: Path) -> None:
+    def __init__(self, *args: str, stderr: Path, wrap: tuple[str, ...] = ()) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
         self.stderr_path = stderr
         self.logs = Path(args[args.index("--logs") + 1]) if "--logs" in args else None  # its --logs folder
         self._err = stderr.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "loopfence", "proxy", "--port", "0", *args],
+        self.proc = subprocess.Popen([*wrap, sys.executable, "-m", "loopfence", "proxy", "--port", "0", *args],
                                      stdout=subprocess.PIPE, stderr=self._err, stdin=subprocess.DEVNULL, env=env)
         self.line = self._first_line()
         found = _LISTENING.match(self.line)

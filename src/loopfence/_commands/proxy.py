@@ -76,6 +76,17 @@ def add_parser(sub: Any) -> None:
                    help="a host name clients reach the proxy by (repeatable; '*': any). Always served: IP "
                    "addresses, localhost and the --host name; a request naming another host (DNS rebinding) is "
                    "refused")
+    p.add_argument("--max-concurrent", metavar="N", type=int, default=64,
+                   help="requests at work at once, at most; past it a request gets 429 at once (default 64)")
+    p.add_argument("--max-memory", metavar="MIB", type=int, default=1024,
+                   help="the memory the requests at work may take once parsed, together, estimated from their "
+                   "bodies; past it 429, and a body over a quarter of it alone 413 (default 1024)")
+    p.add_argument("--max-connections", metavar="N", type=int, default=1024,
+                   help="client connections at once (fewer under a low descriptor limit); a new one closes the "
+                   "oldest that is not at work on a request (default 1024)")
+    p.add_argument("--header-timeout", metavar="SECONDS", type=float, default=10.0,
+                   help="a connection must send a whole request head within this long, else it is closed "
+                   "(slowloris; default 10)")
     p.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
                    help="a web page origin (https://app.example) whose browser requests are served (repeatable; "
                    "'*': any); by default a request a browser makes for another origin's page is refused")
@@ -107,7 +118,7 @@ def _upstreams(given: list[str]) -> tuple[str | None, dict[str, str]]:
 def main(args: argparse.Namespace) -> int:
     try:
         from ..proxy import Proxy, Settings, load_kinds
-        from ..proxy._proxy import serve
+        from ..proxy._proxy import Connections, serve
     except ImportError as exc:  # starlette / uvicorn: the `proxy` extra
         raise UsageError(f"loopfence proxy needs the proxy extra ({exc.name} is missing): "
                          "pip install 'loopfence[proxy]'") from None
@@ -128,6 +139,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be 0-65535, got {args.port}")
     if not args.expire_after > 0:
         raise UsageError(f"--expire-after must be a number of seconds over 0, got {args.expire_after}")
+    if args.max_connections < 8 or not args.header_timeout > 0:
+        raise UsageError(f"--max-connections must be 8 or more and --header-timeout over 0, got "
+                         f"{args.max_connections} and {args.header_timeout}")
     if not args.lease > 0:
         raise UsageError(f"--lease must be a number of seconds over 0, got {args.lease}")
     if args.state is not None and not args.state.startswith(("redis://", "rediss://", "unix://")):
@@ -140,7 +154,8 @@ def main(args: argparse.Namespace) -> int:
                         session_headers=tuple(args.session_header), keep_runs=args.keep_runs)
     try:
         proxy = Proxy(chat, settings, keys=args.key, state=args.state, lease=args.lease, wires=wires,
-                      hosts=[*args.allow_host, args.host], origins=args.allow_origin)
+                      hosts=[*args.allow_host, args.host], origins=args.allow_origin,
+                      max_concurrent=args.max_concurrent, max_memory=args.max_memory << 20)
     except ValueError as exc:
         raise UsageError(str(exc) if str(exc).startswith("--") else f"--upstream: {exc}") from None
     where = proxy.upstream.describe() + "".join(f", {w}: {proxy.upstream.describe(w)}" for w in wires)
@@ -154,7 +169,8 @@ def main(args: argparse.Namespace) -> int:
               flush=True)
 
     try:
-        asyncio.run(serve(proxy, args.host, args.port, announce))
+        asyncio.run(serve(proxy, args.host, args.port, announce, Connections(args.max_connections,
+                                                                             args.header_timeout)))
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc}") from None
     return 0

@@ -38,6 +38,7 @@ from starlette.routing import Route
 from .._json import loads
 from . import _anthropic, _gemini, _responses
 from ._access import Access, Refused
+from ._load import Load
 from ._answer import RUN_HEADER, Answer, sse
 from ._runs import RUN_ID, Runs
 from ._upstream import CLIENT_KEYS
@@ -50,6 +51,7 @@ __all__ = ["create_app", "MAX_BODY", "SESSION_HEADERS", "run_name", "SERVED"]
 FORWARDED = ("anthropic-version", "anthropic-beta", *CLIENT_KEYS)
 
 MAX_BODY = 16 << 20  # bytes of one request body, at most
+BODY_TIMEOUT_S = 60.0  # a request body must arrive whole within this long
 LIST_LIMIT, MAX_LIST_LIMIT = 100, 1000  # GET /loopfence/runs: runs a page holds by default, and at most
 # The session ids real agents send, each naming a session (docs/proxy.md, "Which run a request belongs
 # to"): opencode's, LiteLLM's (OpenHands, LiteLLM clients), Claude Code's, Codex's (session-id, then thread-id).
@@ -78,10 +80,11 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
 
 
 def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY,
-               access: Access | None = None) -> Any:
+               access: Access | None = None, load: Load | None = None) -> Any:
     """The proxy's ASGI app over `runs` (see the module doc), behind `access` (default: `keys`, the
-    local hosts, no browser origins)."""
+    local hosts, no browser origins), taking on at most what `load` allows (`_load`)."""
     access = access or Access(keys)
+    load = load or Load()
     allowed = access.keys
     owner = access.owner
     sessions = (*SESSION_HEADERS, *(h.lower() for h in runs.settings.session_headers))
@@ -93,12 +96,20 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             raise BadRequest(f"the request body is {int(length)} bytes, over the proxy's limit of {max_body}",
                              None, 413)
         data = bytearray()
-        async for part in request.stream():
-            data += part
-            if len(data) > max_body:
-                raise BadRequest(f"the request body is over the proxy's limit of {max_body} bytes", None, 413)
         try:
-            return loads(bytes(data), strict=True)
+            async with asyncio.timeout(BODY_TIMEOUT_S):  # a body sent a byte at a time holds a request slot
+                async for part in request.stream():
+                    data += part
+                    if len(data) > max_body:
+                        raise BadRequest(f"the request body is over the proxy's limit of {max_body} bytes", None,
+                                         413)
+        except TimeoutError:
+            raise BadRequest(f"the request body did not arrive within {BODY_TIMEOUT_S:g}s", None, 408) from None
+        raw = bytes(data)
+        del data
+        load.take(request.scope, raw)  # its weight once parsed, before it is parsed (413, 429)
+        try:
+            return loads(raw, strict=True)
         except ValueError as exc:
             raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
@@ -126,7 +137,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             body = await body_of(request)
             incoming = (read or dialect.parse)(body) if dialect is not None else parse(body)
         except Refused as no:
-            return refused(dialect, no.status, no.message, code=no.code)
+            return refused(dialect, no.status, no.message, code=no.code,
+                           headers={"Retry-After": "1"} if no.status == 429 else None)
         except BadRequest as exc:
             return refused(dialect, exc.status, exc.message, exc.param) if dialect is not None else \
                 JSONResponse(exc.body(), exc.status)
@@ -285,7 +297,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     async def not_served(request: Request) -> Response:
         return _unknown_route(request.method, request.url.path)
 
-    return access.middleware(Starlette(routes=[
+    return access.middleware(load.middleware(Starlette(routes=[
         Route("/v1/chat/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/run/{name}/v1/chat/completions", completions, methods=["POST"]),
@@ -302,7 +314,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         Route("/loopfence/runs/{run_id}", run_route(runs.one), methods=["GET"]),
         Route("/loopfence/runs/{run_id}/reset", run_route(runs.reset), methods=["POST"]),
         Route("/{path:path}", not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
-    ]), shaped)
+    ]), shaped), shaped)
 
 
 SERVED = ("POST /v1/chat/completions, GET /v1/models, POST /v1/responses, POST /v1/messages (Anthropic), "

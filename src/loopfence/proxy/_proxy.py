@@ -3,8 +3,11 @@ bound socket until SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
+import asyncio
+import resource
 import socket
 import sys
+import time
 import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -13,18 +16,23 @@ from typing import Any
 
 import httpx
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..tools._registry import ToolKind
 from ._access import Access
 from ._app import MAX_BODY, create_app
+from ._load import BUDGET, MAX_CONCURRENT, Load
 from ._restore import restore
 from ._redis import RedisRuns
 from ._runs import Runs, Settings
 from ._upstream import Upstream, upstream_key
 
-__all__ = ["Proxy", "load_kinds", "serve"]
+__all__ = ["Proxy", "load_kinds", "serve", "Connections"]
 
 KEEP_ALIVE_S = 75  # an idle client connection is kept this long (nginx's default)
+HEADER_TIMEOUT_S = 10.0  # a connection must send a whole request head within this long (slowloris)
+MAX_CONNECTIONS = 1024  # client connections at once, at most (fewer under a low descriptor limit)
+NOTICE_S = 10.0  # at most one line on stderr this often about refused connections or exhausted descriptors
 
 
 def load_kinds(path: str | Path) -> dict[str, ToolKind]:
@@ -51,21 +59,24 @@ class Proxy:
     another wire's own upstream by name (`{"anthropic": ROOT}`); its requests are translated to the
     Chat Completions one without. `keys`: the client keys (none: any client; an empty one is a
     ValueError). `hosts`: the names a request's Host may give besides IP literals and localhost (None:
-    any); `origins`: the browser origins allowed (`_access`). `app`: the ASGI app."""
+    any); `origins`: the browser origins allowed (`_access`). `max_concurrent`, `max_memory` (bytes):
+    what it takes on at once (`_load`). `app`: the ASGI app."""
 
     def __init__(self, upstream: str | None = None, settings: Settings | None = None, *,
                  keys: Iterable[str] = (), key: str | None = None, max_body: int = MAX_BODY,
                  transport: httpx.AsyncBaseTransport | None = None, local: Any = None,
                  state: str | None = None, lease: float = 30.0, wires: dict[str, str] | None = None,
-                 hosts: Iterable[str] | None = (), origins: Iterable[str] = ()) -> None:
+                 hosts: Iterable[str] | None = (), origins: Iterable[str] = (),
+                 max_concurrent: int = MAX_CONCURRENT, max_memory: int = BUDGET) -> None:
         access = Access(keys, hosts, origins)  # first: an empty key is refused before anything is made
+        load = Load(max_concurrent, max_memory)
         self.settings = settings or Settings()
         if self.settings.logs is not None:
             self.settings.logs.mkdir(parents=True, exist_ok=True)
         self.upstream = Upstream(upstream, key or upstream_key(), local=local, transport=transport, wires=wires)
         self.runs = Runs(self.upstream, self.settings) if state is None else \
             RedisRuns(self.upstream, self.settings, state, lease=lease)
-        self.app = create_app(self.runs, max_body=max_body, access=access)
+        self.app = create_app(self.runs, max_body=max_body, access=access, load=load)
 
     async def restore(self) -> int:
         """Fold back the runs logged in the log folder (a restart): how many continue. On Redis the
@@ -83,6 +94,91 @@ class Proxy:
         await self.runs.aclose()
 
 
+class Connections:
+    """What the server takes of its clients' connections: `limit` at once, each sending a whole request
+    head within `header_timeout` seconds; a connection over the limit closes the oldest that is not
+    at work on a request (a half-sent head, an idle keep-alive), else itself. What is closed is said
+    on stderr at most every NOTICE_S seconds, in one line, as is running out of descriptors."""
+
+    def __init__(self, limit: int = MAX_CONNECTIONS, header_timeout: float = HEADER_TIMEOUT_S) -> None:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        spare = 64  # the upstream's connections, log files, Redis
+        self.limit = max(8, min(limit, soft - spare)) if soft != resource.RLIM_INFINITY else limit
+        self.header_timeout = header_timeout
+        self.closed = {"slow": 0, "over": 0, "emfile": 0}
+        self._said = 0.0
+
+    def notice(self, what: str) -> None:
+        self.closed[what] += 1
+        now = time.monotonic()
+        if now - self._said >= NOTICE_S:
+            self._said = now
+            parts = {"slow": f"sent no whole request head within {self.header_timeout:g}s",
+                     "over": f"were over --max-connections {self.limit}",
+                     "emfile": "could not be accepted (no file descriptors left)"}
+            said = "; ".join(f"{n} {parts[k]}" for k, n in self.closed.items() if n)
+            print(f"loopfence proxy: connections closed: {said}", file=sys.stderr, flush=True)
+            self.closed = dict.fromkeys(self.closed, 0)
+
+    def protocol(self) -> type[H11Protocol]:
+        """uvicorn's HTTP/1.1 protocol under these bounds."""
+        limits = self
+
+        class Guarded(H11Protocol):
+            def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+                super().connection_made(transport)
+                self.opened = time.monotonic()
+                self.head_timer: asyncio.TimerHandle | None = None
+                self._arm()
+                if len(self.connections) > limits.limit:
+                    idle = [c for c in self.connections if c is not self and _idle(c)]
+                    victim = min(idle, key=lambda c: c.opened, default=self)  # type: ignore[attr-defined]
+                    limits.notice("over")
+                    victim.transport.abort()
+
+            def _arm(self) -> None:
+                if self.head_timer is not None:
+                    self.head_timer.cancel()
+                self.head_timer = self.loop.call_later(limits.header_timeout, self._head_late)
+
+            def _head_late(self) -> None:
+                self.head_timer = None
+                if _idle(self) and not self.transport.is_closing():
+                    limits.notice("slow")
+                    self.transport.abort()
+
+            def handle_events(self) -> None:
+                super().handle_events()
+                if not _idle(self) and self.head_timer is not None:  # a head came: the request is at work
+                    self.head_timer.cancel()
+                    self.head_timer = None
+
+            def on_response_complete(self) -> None:
+                super().on_response_complete()
+                if not self.transport.is_closing():
+                    self._arm()  # the next request's head, within the timeout too
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self.head_timer is not None:
+                    self.head_timer.cancel()
+                super().connection_lost(exc)
+
+        return Guarded
+
+    def on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The loop's error handler: running out of descriptors while accepting is one line per
+        NOTICE_S (the default logs a traceback per attempt); anything else as the default does."""
+        if str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+            self.notice("emfile")
+            return
+        loop.default_exception_handler(context)
+
+
+def _idle(c: H11Protocol) -> bool:
+    """Not at work on a request: no request head yet, or its response sent."""
+    return c.cycle is None or c.cycle.response_complete
+
+
 class _Server(uvicorn.Server):
     """uvicorn, ending on SIGTERM or Ctrl-C with exit 0 (it would raise the signal again after its
     graceful shutdown)."""
@@ -91,8 +187,12 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-async def serve(proxy: Proxy, host: str, port: int, announce: Callable[[str], None]) -> None:
-    """Listen on host:port (0: any free port), call `announce(url)` once listening, serve until a signal."""
+async def serve(proxy: Proxy, host: str, port: int, announce: Callable[[str], None],
+                connections: Connections | None = None) -> None:
+    """Listen on host:port (0: any free port), call `announce(url)` once listening, serve until a signal,
+    holding its clients' connections to `connections`."""
+    connections = connections or Connections()
+    asyncio.get_running_loop().set_exception_handler(connections.on_loop_error)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only for a TCP-proto
     # socket; without it each reply (head and body written apart) waits ~40 ms for a delayed ACK.
@@ -107,7 +207,8 @@ async def serve(proxy: Proxy, host: str, port: int, announce: Callable[[str], No
     # uvicorn's default too): with equal timeouts a client may send on a connection the server is
     # closing, and gets a ReadError for a request that never arrived (seen at 100 conversations at once).
     config = uvicorn.Config(proxy.app, log_level="warning", lifespan="off", access_log=False,
-                            timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S)
+                            timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S,
+                            http=connections.protocol())
     server = _Server(config)
     await proxy.restore()
     announce(f"http://{shown}:{bound}/v1")
