@@ -90,8 +90,10 @@ def test_past_max_concurrent_a_request_gets_429_at_once(tmp_path: Path) -> None:
                               json={"model": "m", "messages": [{"role": "user", "content": f"task {i}"}]})
         with ThreadPoolExecutor(2) as pool:
             held = [pool.submit(send, i) for i in range(2)]
-            while len(up.requests) < 2:
+            deadline = time.monotonic() + 60
+            while len(up.requests) < 2 and time.monotonic() < deadline:
                 time.sleep(0.02)
+            assert len(up.requests) == 2
             busy = send(99)
             gate.set()
             done = [f.result() for f in held]
@@ -103,9 +105,11 @@ def test_past_max_concurrent_a_request_gets_429_at_once(tmp_path: Path) -> None:
 
 
 def test_huge_tool_specs_then_small_runs_stay_within_the_bound(upstream: ReplyServer, tmp_path: Path) -> None:
-    """Eight requests of 11 MB of tool specs, then 200 small runs: the resident size stays within the
-    bound the docs state, and the logs written are under twice the bytes received."""
+    """Eight requests of 12.9 MB of tool specs (refused at the door), eight runs of 2 MB of tool specs
+    (served: their runs keep one copy of the same specs between them), then 200 small runs: the resident
+    size stays within the bound the docs state, and the logs written are under twice the bytes received."""
     spec = huge_tools()
+    served = huge_tools(512, 140)  # 2.0 MB
     received = 0
     logs = tmp_path / "logs"
     with Proxy("--upstream", upstream.base_url, "--logs", str(logs), stderr=tmp_path / "err", wrap=CAPPED) as p:
@@ -115,7 +119,11 @@ def test_huge_tool_specs_then_small_runs_stay_within_the_bound(upstream: ReplySe
                 r = client.post(f"{p.base_url}/chat/completions", content=big,
                                 headers={"Content-Type": "application/json"})
                 received += len(big)
-                assert r.status_code in (200, 413), r.text[:300]
+                assert r.status_code == 413, r.text[:300]
+            for i in range(8):  # admitted: eight runs that each keep their tools
+                body = {**served, "messages": [{"role": "user", "content": f"use these tools ({i})"}]}
+                received += len(json.dumps(body))
+                assert client.post(f"{p.base_url}/chat/completions", json=body).status_code == 200
             for i in range(200):
                 body = {"model": "m", "messages": [{"role": "user", "content": f"small task {i}"}]}
                 received += len(json.dumps(body))
@@ -126,10 +134,13 @@ def test_huge_tool_specs_then_small_runs_stay_within_the_bound(upstream: ReplySe
     assert written < 2 * received, (written, received)
 
 
-def test_half_open_connections_do_not_keep_a_request_out(upstream: ReplyServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("header_timeout", ["2", "600"], ids=["the-head-timeout", "the-connection-cap"])
+def test_half_open_connections_do_not_keep_a_request_out(header_timeout: str, upstream: ReplyServer,
+                                                         tmp_path: Path) -> None:
     """500 connections that never finish their request head, under a 300-descriptor limit: a real request
-    is still answered, the stalled ones are closed, and stderr says so in a few lines."""
-    with Proxy("--upstream", upstream.base_url, "--logs", str(tmp_path), "--header-timeout", "2",
+    is still answered, the stalled ones are closed (by the head timeout, or as the cap makes room when
+    the timeout is too long to help), and stderr says so in a few lines."""
+    with Proxy("--upstream", upstream.base_url, "--logs", str(tmp_path), "--header-timeout", header_timeout,
                stderr=tmp_path / "err", wrap=("prlimit", "--nofile=300")) as p:
         port = int(p.base_url.rsplit(":", 1)[1].split("/")[0])
         held = []
@@ -139,13 +150,31 @@ def test_half_open_connections_do_not_keep_a_request_out(upstream: ReplyServer, 
             held.append(s)
         r = httpx.post(f"{p.base_url}/chat/completions", json={"model": "m", "messages": USER}, timeout=60)
         assert r.status_code == 200, r.text
-        for s in held:  # the head never came: each is closed by the proxy (over the limit at once, else at 2 s)
-            s.settimeout(30)
+        closed = 0
+        for s in held:  # the head never came: closed by the proxy (at 2 s; or as newer ones came, past the cap)
+            s.settimeout(30 if header_timeout == "2" else 0.05)
             try:
-                assert s.recv(1) == b""
+                closed += s.recv(1) == b""
             except ConnectionResetError:
+                closed += 1
+            except TimeoutError:
                 pass
             s.close()
         lines = p.stderr().splitlines()
+    assert closed >= (500 if header_timeout == "2" else 450), closed
     assert len(lines) < 100, lines[:20]
     assert any("connections closed:" in line for line in lines), lines
+
+
+def test_an_idle_keep_alive_connection_outlives_the_head_timeout(upstream: ReplyServer, tmp_path: Path) -> None:
+    """The head timeout times a request head, not a client resting between requests (an agent running a
+    tool): the same connection serves its next request after the timeout has passed."""
+    with Proxy("--upstream", upstream.base_url, "--logs", str(tmp_path), "--header-timeout", "1",
+               stderr=tmp_path / "err") as p, httpx.Client(timeout=60) as client:
+        body = {"model": "m", "messages": USER}
+        first = client.post(f"{p.base_url}/chat/completions", json=body)
+        time.sleep(2.5)
+        second = client.post(f"{p.base_url}/chat/completions", json={**body, "messages": [
+            *USER, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]})
+        assert first.status_code == second.status_code == 200
+        assert "connections closed" not in p.stderr()  # nothing was cut: the one connection served both

@@ -158,8 +158,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         # the request's digest as its run keeps it (a session's are scoped to it): delivery marks it
         whole = incoming.scoped(session).whole if session is not None and named is None else incoming.whole
         if incoming.stream:
-            return await _streamed(incoming, named, ua, who, session, dialect, whole)
-        task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, session=session))
+            return await _streamed(incoming, named, ua, who, session, dialect, whole, request.scope)
+        task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, session=session), request.scope)
         try:
             answer, _ = await asyncio.shield(task)
         except BadRequest as exc:
@@ -180,11 +180,11 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         return BackgroundTask(mark)
 
     async def _streamed(incoming: Incoming, named: str | None, ua: str, who: str | None, session: str | None,
-                        dialect: Any, whole: str) -> Response:
+                        dialect: Any, whole: str, scope: dict[str, Any]) -> Response:
         queue: asyncio.Queue[str | None] = asyncio.Queue()
         rid: list[str] = []
         task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, relay=queue.put_nowait,
-                                  on_run=rid.append, session=session))
+                                  on_run=rid.append, session=session), scope)
         task.add_done_callback(lambda _: queue.put_nowait(None))
         first = await queue.get()
         if first is None:  # nothing streamed: the whole answer is known, headers included
@@ -213,10 +213,12 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         if sent[0] and task.done() and not task.cancelled() and task.exception() is None:
             await runs.delivered(task.result()[0].run_id, whole)
 
-    def _spawn(coro: Any) -> asyncio.Task[Any]:
+    def _spawn(coro: Any, scope: dict[str, Any]) -> asyncio.Task[Any]:
+        """The request's work in a task of its own, counted as the request's (`Load.hold`) until it ends."""
         task = asyncio.ensure_future(coro)
         tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        load.hold(scope)
+        task.add_done_callback(lambda t: (tasks.discard(t), load.release(scope)))
         return task
 
     async def count_tokens(request: Request) -> Response:
@@ -229,7 +231,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             owner(request)
             body = await body_of(request)
         except Refused as no:
-            return refused(dialect, no.status, no.message, code=no.code)
+            return refused(dialect, no.status, no.message, code=no.code,
+                           headers={"Retry-After": "1"} if no.status == 429 else None)
         except BadRequest as exc:
             return refused(dialect, exc.status, exc.message)
         status, out = await runs.upstream.passthrough(dialect.NAME, path, body, forwarded(request))

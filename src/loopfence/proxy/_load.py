@@ -28,6 +28,7 @@ BUDGET = 1 << 30  # bytes the requests at work may take parsed, together (--max-
 NODE_BYTES = 500  # an object or an array, parsed (a dict with its keys, a list: measured 240 MiB / 520k)
 STRING_BYTES = 60  # a string, beyond its own characters
 SCOPE_KEY = "loopfence.weight"  # where a request's weight is kept in its ASGI scope, until it ends
+HOLDS = "loopfence.holds"  # what still works for the request: its handler, and the task it spawned
 
 
 def weigh(data: bytes) -> int:
@@ -77,9 +78,20 @@ class Load:
                 await response(scope, receive, send)
                 return
             self.at_work += 1
+            scope[HOLDS] = 1
             try:
                 await app(scope, receive, send)
             finally:
-                self.at_work -= 1
-                self.weight -= scope.pop(SCOPE_KEY, 0)
+                self.release(scope)
         return counted
+
+    def hold(self, scope: dict[str, Any]) -> None:
+        """Work for the request of `scope` that may outlive its handler (a client gone mid-stream leaves
+        the run's task at work): the request counts until it ends too (`release`)."""
+        scope[HOLDS] = scope.get(HOLDS, 0) + 1
+
+    def release(self, scope: dict[str, Any]) -> None:
+        scope[HOLDS] = scope.get(HOLDS, 1) - 1
+        if scope[HOLDS] <= 0:
+            self.at_work -= 1
+            self.weight -= scope.pop(SCOPE_KEY, 0)

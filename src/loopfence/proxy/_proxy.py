@@ -4,6 +4,7 @@ bound socket until SIGTERM or Ctrl-C."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import socket
 import sys
@@ -33,6 +34,9 @@ KEEP_ALIVE_S = 75  # an idle client connection is kept this long (nginx's defaul
 HEADER_TIMEOUT_S = 10.0  # a connection must send a whole request head within this long (slowloris)
 MAX_CONNECTIONS = 1024  # client connections at once, at most (fewer under a low descriptor limit)
 NOTICE_S = 10.0  # at most one line on stderr this often about refused connections or exhausted descriptors
+# descriptors kept for the proxy's own: open run logs (Runs.max_open_logs), upstream connections for the
+# requests at work, Redis, stdio
+SPARE_FDS = 256 + 2 * 64 + 32
 
 
 def load_kinds(path: str | Path) -> dict[str, ToolKind]:
@@ -101,9 +105,13 @@ class Connections:
     on stderr at most every NOTICE_S seconds, in one line, as is running out of descriptors."""
 
     def __init__(self, limit: int = MAX_CONNECTIONS, header_timeout: float = HEADER_TIMEOUT_S) -> None:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        spare = 64  # the upstream's connections, log files, Redis
-        self.limit = max(8, min(limit, soft - spare)) if soft != resource.RLIM_INFINITY else limit
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:  # all the descriptors the process may have: clients, logs and upstreams share them
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+                soft = hard
+        spare = SPARE_FDS  # what the proxy itself holds open besides its clients
+        self.limit = limit if soft == resource.RLIM_INFINITY else max(8, min(limit, soft - spare))
         self.header_timeout = header_timeout
         self.closed = {"slow": 0, "over": 0, "emfile": 0}
         self._said = 0.0
@@ -131,7 +139,8 @@ class Connections:
                 self.head_timer: asyncio.TimerHandle | None = None
                 self._arm()
                 if len(self.connections) > limits.limit:
-                    idle = [c for c in self.connections if c is not self and _idle(c)]
+                    idle = [c for c in self.connections if c is not self and isinstance(c, Guarded) and _idle(c)
+                            and not c.transport.is_closing()]
                     victim = min(idle, key=lambda c: c.opened, default=self)  # type: ignore[attr-defined]
                     limits.notice("over")
                     victim.transport.abort()
@@ -147,16 +156,16 @@ class Connections:
                     limits.notice("slow")
                     self.transport.abort()
 
+            def data_received(self, data: bytes) -> None:
+                if self.head_timer is None and _idle(self):  # the first bytes of the next request's head: timed
+                    self._arm()  # (an idle keep-alive connection is uvicorn's, closed after KEEP_ALIVE_S)
+                super().data_received(data)
+
             def handle_events(self) -> None:
                 super().handle_events()
                 if not _idle(self) and self.head_timer is not None:  # a head came: the request is at work
                     self.head_timer.cancel()
                     self.head_timer = None
-
-            def on_response_complete(self) -> None:
-                super().on_response_complete()
-                if not self.transport.is_closing():
-                    self._arm()  # the next request's head, within the timeout too
 
             def connection_lost(self, exc: Exception | None) -> None:
                 if self.head_timer is not None:
@@ -208,7 +217,7 @@ async def serve(proxy: Proxy, host: str, port: int, announce: Callable[[str], No
     # closing, and gets a ReadError for a request that never arrived (seen at 100 conversations at once).
     config = uvicorn.Config(proxy.app, log_level="warning", lifespan="off", access_log=False,
                             timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S,
-                            http=connections.protocol())
+                            http=connections.protocol(), ws="none")
     server = _Server(config)
     await proxy.restore()
     announce(f"http://{shown}:{bound}/v1")

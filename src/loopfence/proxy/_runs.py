@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import inspect
 import json
 import re
@@ -75,6 +76,7 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 RETRY_S = 10.0
 MAX_GIVEN = 8  # the answers a run remembers giving (a rebuilt history is placed by its last ones)
 MAX_SAME_OPENING = 256  # the runs one system prompt finds for a rebuilt history, newest first
+MAX_SPECS = 64  # distinct tool sets whose parsed specs the runs share (`Runs.shared_specs`)
 FRAMEWORK = "loopfence-proxy"
 NOTES = ".proxy"  # the folder, inside the log folder, of the proxy's own notes per run
 _NOT_SENT = json.dumps({"ok": False, "error": "not_sent", "message": "the proxy did not release this call to the "
@@ -195,6 +197,7 @@ class Runs:
         self.by_opening: dict[str, list[WireRun]] = {}  # keyed opening digest -> the runs it opened, newest last
         self.warned: set[str] = set()  # the openings whose unplaced continuation was said on stderr
         self.by_answer: dict[str, WireRun] = {}  # keyed id of an answer a client may name (previous_response_id)
+        self.specs: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()  # tool specs by digest, shared by runs
         self.open_logs: OrderedDict[str, WireRun] = OrderedDict()  # runs waiting with their log open, oldest first
         self._swept = time.monotonic()
 
@@ -494,7 +497,7 @@ class Runs:
         kinds = {n: st.kinds[n] for n in names if n in st.kinds} | ({TEXT_POLL: ToolKind.POLL} if polls else {})
         fence = Fence(limits=limits or st.limits, policy=st.policy, kinds=kinds, log=log)
         tools = [fence.tool(t["function"]["name"], t["function"].get("parameters"),
-                            t["function"].get("description") or "") for t in incoming.tools]
+                            t["function"].get("description") or "") for t in self.shared_specs(incoming.tools)]
         about = ("an action the reply's text asks for (a code block, else the text): the client runs it, its "
                  "output is the next user message")
         if texts:
@@ -512,6 +515,20 @@ class Runs:
         return WireRun(rid, fenced, owner, model, log=None if log is None or isinstance(log, RunLog) else str(log),
                        named=named, tools=frozenset(names), session=session, opening=incoming.opening,
                        task=task_marks(incoming.messages))
+
+    def shared_specs(self, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`tools` as a run keeps them: the first parsed copy of the same specs (by digest), so that runs
+        of one agent hold its tool specs once between them, not once each (the last MAX_SPECS sets)."""
+        if not tools:
+            return tools
+        key = hashlib.sha256(canonical_json(tools).encode()).hexdigest()
+        kept = self.specs.get(key)
+        if kept is None:
+            kept = self.specs[key] = tools
+            while len(self.specs) > MAX_SPECS:
+                self.specs.popitem(last=False)
+        self.specs.move_to_end(key)
+        return kept
 
     def add(self, run: WireRun, named: str | None) -> None:
         self.runs[run.id] = run
