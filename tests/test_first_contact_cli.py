@@ -389,9 +389,10 @@ def test_quiet_kill_prints_the_stop_on_stderr(tmp_path: Path) -> None:
     assert p.stderr.strip().splitlines() == [
         f"stop no_progress (KILL): step 2: all 1 call(s) were answered from the cache; nothing new was learned "
         f"(log: {log})"]
+    (tmp_path / "a.jsonl").write_text(json.dumps(text_reply("hello")) + "\n")
     ship = lf("run", "hi", "--script", str(tmp_path / "a.jsonl"), "--quiet", "--log", str(tmp_path / "s2.jsonl"),
-              cwd=tmp_path) if (tmp_path / "a.jsonl").write_text(json.dumps(text_reply("hello")) + "\n") else None
-    assert ship is not None and ship.returncode == 0 and ship.stdout == "hello\n" and ship.stderr == ""
+              cwd=tmp_path)
+    assert ship.returncode == 0 and ship.stdout == "hello\n" and ship.stderr == ""  # an answer: nothing more
 
 
 # -- 7. a tool's PermissionError is not the gate's refusal -------------------------------------------

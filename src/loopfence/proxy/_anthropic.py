@@ -27,7 +27,7 @@ from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
 from ..models._errors import error_stop
 from ._answer import WIRE_EXTRA, Answer, Reader, chat_chunk, event_object, sse
-from ._wire import MAX_MESSAGES, BadRequest, Incoming, checked_head, read_as, tool_items
+from ._wire import BadRequest, Incoming, checked_head, read_as, tool_items, turns
 from ._wire import kind as _kind
 
 __all__ = ["NAME", "PATH", "auth", "relays", "ERROR_KINDS", "parse", "outgoing", "reader", "render", "stream_head", "stream_text",
@@ -55,11 +55,7 @@ def error(status: int, message: str) -> dict[str, Any]:
 def parse(body: Any) -> Incoming:
     """The request checked (BadRequest naming the field) and read as Chat Completions."""
     body, cap = checked_head(body, cap="max_tokens")
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise BadRequest("messages must be a non-empty array", "messages")
-    if len(raw) > MAX_MESSAGES:
-        raise BadRequest(f"too many messages: {len(raw)} (at most {MAX_MESSAGES})", "messages")
+    raw = turns(body.get("messages"), "messages")
     tools = _tools(body.get("tools"))
     messages = _system(body.get("system")) + _messages(raw)
     choice = _choice(body.get("tool_choice"), {t["function"]["name"] for t in tools})

@@ -29,7 +29,7 @@ from ..models._openai import cap_tokens
 from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
 from ._answer import WIRE_EXTRA, Answer, Reader, chat_chunk, event_object, sse
-from ._wire import MAX_MESSAGES, BadRequest, Incoming, checked_head, read_as, tool_items
+from ._wire import BadRequest, Incoming, checked_head, read_as, tool_items, turns
 from ._wire import kind as _kind
 
 __all__ = ["NAME", "auth", "parse", "outgoing", "reader", "relays", "path", "render", "stream_head", "stream_text",
@@ -69,11 +69,7 @@ def path(incoming: Incoming) -> str:
 # ---------------------------------------------------------------------------- the request
 def parse(body: Any, model: str = "", stream: bool = False) -> Incoming:
     body, cap = checked_head(body, model=False, cap="maxOutputTokens", config="generationConfig")
-    contents = body.get("contents")
-    if not isinstance(contents, list) or not contents:
-        raise BadRequest("contents must be a non-empty array", "contents")
-    if len(contents) > MAX_MESSAGES:
-        raise BadRequest(f"too many contents: {len(contents)} (at most {MAX_MESSAGES})", "contents")
+    contents = turns(body.get("contents"), "contents")
     tools = _tools(body.get("tools"))
     messages = _system(body.get("systemInstruction")) + _contents(contents)
     params: dict[str, Any] = {"max_tokens": cap} if isinstance(cap, int) else {}

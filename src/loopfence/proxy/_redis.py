@@ -58,7 +58,7 @@ from .._log._reader import parse_log
 from .._log._writer import RunLog, line
 from ._answer import Answer
 from ._restore import fold
-from ._runs import RETRY_S, RUN_ID, Runs, Settings, WireRun, id_base, keyed, numbered
+from ._runs import RETRY_S, RUN_ID, Runs, Settings, WireRun, id_base, keyed, no_cursor, numbered
 from ._upstream import Relay, Upstream
 from ._wire import BadRequest, Incoming
 
@@ -301,7 +301,7 @@ class RedisRuns(Runs):
             if after:
                 rank = await self.redis.zrank(index, after)
                 if rank is None:
-                    raise BadRequest(f"no run {after[:128]!r} in this client's listing (after=)", "after", 400)
+                    raise no_cursor(after)
                 start = rank + 1
             while True:
                 ids = [_text(x) for x in await self.redis.zrange(index, start, start + limit)]  # one past: more?

@@ -34,7 +34,7 @@ from ..models._errors import error_stop
 from ..models._sse import SSEEvent
 from ..models._stream import StreamEnd, reply_from_response
 from ._answer import WIRE_EXTRA, Answer, Reader, chat_chunk, event_object, sse
-from ._wire import MAX_MESSAGES, BadRequest, Incoming, checked_head, read_as, tool_items
+from ._wire import BadRequest, Incoming, checked_head, read_as, tool_items, turns
 from ._wire import kind as _kind
 
 __all__ = ["NAME", "PATH", "answer_id", "auth", "parse", "outgoing", "reader", "relays", "render", "stream_head", "stream_text",
@@ -74,10 +74,7 @@ def parse(body: Any) -> Incoming:
     raw = body.get("input")
     if isinstance(raw, str):
         raw = [{"type": "message", "role": "user", "content": raw}]
-    if not isinstance(raw, list) or not raw:
-        raise BadRequest("input must be a string or a non-empty array of items", "input")
-    if len(raw) > MAX_MESSAGES:
-        raise BadRequest(f"too many input items: {len(raw)} (at most {MAX_MESSAGES})", "input")
+    raw = turns(raw, "input", "input items", "a string or a non-empty array of items")
     tools = _tools(body.get("tools"))
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):

@@ -68,7 +68,7 @@ from ._view import (TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, acti
 from ._wire import BadRequest, Incoming
 
 __all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "RETRY_S", "FRAMEWORK", "NOTES", "keyed", "opening", "precheck",
-           "value_of", "id_base", "numbered"]
+           "value_of", "id_base", "numbered", "no_cursor"]
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A request identical to its run's latest is a retry while that is in flight, or up to this many seconds
@@ -160,6 +160,11 @@ def numbered(base: str, n: int) -> str:
     return base[:128 - len(suffix)] + suffix
 
 
+def no_cursor(after: str) -> BadRequest:
+    """A listing's `after=` that names no run of this client's (unknown, another key's, or expired)."""
+    return BadRequest(f"no run {after[:128]!r} in this client's listing (after=)", "after", 400)
+
+
 def keyed(owner: str | None, digest: str) -> str:
     """A route's key: the digest under the client key that sent it (one client never lands in
     another's run by sending the same conversation)."""
@@ -212,7 +217,7 @@ class Runs:
         mine = self.visible(owner)
         start = next((i + 1 for i, r in enumerate(mine) if r.id == after), None) if after else 0
         if start is None:
-            raise BadRequest(f"no run {after[:128]!r} in this client's listing (after=)", "after", 400)
+            raise no_cursor(after or "")
         return [r.describe() for r in mine[start:start + limit]], len(mine) > start + limit
 
     async def one(self, rid: str, owner: str | None) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import Any
 from .._json import canonical_json
 from ._view import digests, marks, view
 
-__all__ = ["BadRequest", "Incoming", "parse", "read_as", "tool_items", "checked_head", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
+__all__ = ["BadRequest", "Incoming", "parse", "read_as", "tool_items", "turns", "checked_head", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
 MAX_MESSAGES = 4096  # a conversation longer than this is refused (no agent loop gets near it)
 MAX_TOOLS = 512
@@ -104,11 +104,7 @@ def parse(body: Any) -> Incoming:
     unknown = sorted(k for k in body if k not in KNOWN_FIELDS)
     if unknown:
         raise BadRequest(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty array", "messages")
-    if len(messages) > MAX_MESSAGES:
-        raise BadRequest(f"too many messages: {len(messages)} (at most {MAX_MESSAGES})", "messages")
+    messages = turns(body.get("messages"), "messages")
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise BadRequest(f"tools must be an array, got {kind(tools)}", "tools")
@@ -146,6 +142,16 @@ def checked_head(body: Any, *, model: bool = True, cap: str | None = None,
         where = f"{config}.{cap}" if config else str(cap)
         raise BadRequest(f"{where} must be a positive integer, got {value!r}"[:200], where)
     return body, value
+
+
+def turns(value: Any, field: str, what: str = "", must: str = "a non-empty array") -> list[Any]:
+    """A wire's conversation (`messages`, `contents`, `input`): a non-empty array of at most MAX_MESSAGES
+    items, else BadRequest naming `field` (`what`: the items' name in the count; `must`: what it takes)."""
+    if not isinstance(value, list) or not value:
+        raise BadRequest(f"{field} must be {must}", field)
+    if len(value) > MAX_MESSAGES:
+        raise BadRequest(f"too many {what or field}: {len(value)} (at most {MAX_MESSAGES})", field)
+    return value
 
 
 def tool_items(tools: Any, at: str = "tools.{}") -> list[tuple[str, dict[str, Any]]]:
