@@ -40,7 +40,7 @@ def test_a_second_turn_continues_from_the_first_and_its_log_replays_and_reconcil
     # its own run: its own log, ledger and steps
     assert first.log_path != second.log_path and second.ledger.model_requests == 2
     header = read_log(second.log_path).header
-    assert header.version == 5 and header.task == "And Bergen?"
+    assert header.version == 6 and header.task == "And Bergen?"
     assert header.messages == [*first.messages, {"role": "user", "content": "And Bergen?"}]
     report = replay(second.log_path)
     assert report.ok and report.same_stop, report.lines() if hasattr(report, "lines") else report

@@ -32,7 +32,7 @@ def test_the_printed_schema_accepts_a_recorded_log_and_refuses_a_hand_edited_lin
     path = tmp_path / "run.jsonl"
     record(path, config_script(), workspace=make_workspace(tmp_path))
     lines = read_lines(path)
-    assert lines[0]["version"] == 5 and {e["event"] for e in lines} >= {"header", "request", "reply", "call",
+    assert lines[0]["version"] == 6 and {e["event"] for e in lines} >= {"header", "request", "reply", "call",
                                                                        "result", "stop"}
     for line in lines:
         jsonschema.validate(line, schema)

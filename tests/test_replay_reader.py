@@ -60,7 +60,7 @@ def test_missing_header(good: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field,value,words", [
     ("format", "something.else", "header format"),
-    ("version", 6, "header version is 6, this loopfence writes version 5 and reads versions 1 to 5"),
+    ("version", 7, "header version is 7, this loopfence writes version 6 and reads versions 1 to 6"),
     ("version", "2", "header version is '2'"),
 ])
 def test_invalid_header(good: Path, tmp_path: Path, field: str, value: object, words: str) -> None:
@@ -128,7 +128,7 @@ def test_a_hand_edited_line_is_refused_with_its_line(good: Path, tmp_path: Path,
 
 def test_a_version_1_log_still_reads(good: Path, tmp_path: Path) -> None:
     events = read_lines(good)
-    assert events[0]["version"] == VERSION == 5
+    assert events[0]["version"] == VERSION == 6
     events[0]["version"] = 1
     p = tmp_path / "v1.jsonl"
     write_lines(p, events)

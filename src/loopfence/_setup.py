@@ -27,7 +27,7 @@ from ._log._writer import FORMAT, VERSION, RunLog
 from .tools._executor import Executor
 from .tools._registry import Registry, Tool
 
-__all__ = ["start", "new_state", "config_of", "set_price", "describe_model"]
+__all__ = ["start", "new_state", "config_of", "set_price", "describe_model", "model_cap"]
 
 C = TypeVar("C", Limits, Policy)
 
@@ -55,6 +55,7 @@ def start(task: Task, model: Any, tools: Iterable[Tool] | Registry, limits: Limi
     state = new_state(registry, config_of(Limits, limits, "limits"), config_of(Policy, policy, "policy"),
                       params or {}, messages, compaction or Compaction())
     described = describe_model(model)
+    state.model_cap = model_cap(described)
     set_price(state, model, described, prices)
     state.answer = answer_contract(answer, answer_retries)
     priced = {"prices": state.prices.record(state.price)} if state.prices is not None else {}
@@ -120,6 +121,13 @@ def _tool_info(registry: Registry) -> dict[str, Any]:
 def describe_model(model: Any) -> dict[str, Any]:
     describe = getattr(model, "describe", None)
     return describe() if callable(describe) else {"kind": type(model).__name__}
+
+
+def model_cap(described: Any) -> int | None:
+    """The model's own cap on a reply's tokens where a request sets none, as its description records
+    it (`max_tokens`: the embedded model's); None where it records none."""
+    cap = described.get("max_tokens") if isinstance(described, dict) else None
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1 else None
 
 
 def new_state(registry: Registry, limits: Limits, policy: Policy, params: dict[str, Any],

@@ -86,6 +86,9 @@ class RunState:
     # a reply cut at the run's own reservation stops max_completion_tokens (a log before version 4
     # named it incomplete_stream: its playback turns this off)
     names_reservation_cuts: bool = True
+    # the model's own cap on a reply where a request sets none (the embedded model's max_tokens, from
+    # the header's model; None: the model has none, or a log before version 6 that never named it)
+    model_cap: int | None = None
     answer: Any = None  # the answer contract (`_answer.AnswerContract`; playback: the recorded verdicts)
     answer_rejections: int = 0  # final answers it rejected so far
     output: Any = None  # the accepted answer as the contract typed it (RunResult.output)

@@ -97,7 +97,8 @@ def settle_contract(s: RunState, log: RunLog, reply: Reply, checked: ContractRes
     Fail closed by default; feedback mode tells the model."""
     if checked.incomplete:
         final[1] = reply.content
-        cut = _cut_by_budget(s, reply) or Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail)
+        cut = _cut_by_budget(s, reply) or _cut_by_model_cap(s, reply) or \
+            Stop(StopReason.INCOMPLETE_STREAM, checked.incomplete.detail)
         return [], cut, []
     if not reply.tool_calls:
         if (reply.content or "").strip():
@@ -165,6 +166,22 @@ def _cut_by_budget(s: RunState, reply: Reply) -> Stop | None:
     return Stop(StopReason.MAX_COMPLETION_TOKENS, f"the reply was cut at the {left} tokens left of "
                 f"max_completion_tokens={limit} ({used} used in all){calls}",
                 {"limit": limit, "value": used, "left": left})
+
+
+def _cut_by_model_cap(s: RunState, reply: Reply) -> Stop | None:
+    """A reply cut at the model's own cap (`s.model_cap`: the embedded model's max_tokens, which it
+    uses where a request sets none) is still incomplete_stream, and says so: the cap, and how to raise
+    it. None for any other cut."""
+    cap, used = s.model_cap, reply.usage.completion_tokens if reply.usage else None
+    if cap is None or used != cap or not reply.complete or reply.finish_reason != "length" \
+            or requested_max_tokens(s.params) is not None:
+        return None
+    calls = "its tool calls were not run" if reply.tool_calls else "its text is kept (partial_text), not shipped"
+    return Stop(StopReason.INCOMPLETE_STREAM, f"the reply was cut at {cap} tokens, the model's own cap (max_tokens="
+                f"{cap}, which it uses where a request sets none); {calls}. To raise it, set the request's "
+                f"max_tokens: loopfence run --param max_tokens=N, run(params={{'max_tokens': N}}), or a client's "
+                f"max_tokens through the proxy (LocalModel(max_tokens=N) changes the default)",
+                {"model_max_tokens": cap})
 
 
 def _violation_result(body: dict[str, Any]) -> ToolResult:

@@ -215,6 +215,9 @@ def print_summary(result: RunResult, console: Console = stderr,
     elif getattr(result, "last_answer", None):  # Policy(last_answer=True): salvaged after a KILL, said so, never on stdout
         console.print(f"last answer (not shipped, {result.stop.reason}):", markup=False)
         console.print(printable(result.last_answer), markup=False, highlight=False)
+    elif getattr(result, "partial_text", None):  # a reply cut off: its text, said so, never on stdout
+        console.print(f"the cut reply's text (not shipped, {result.stop.reason}):", markup=False)
+        console.print(printable(result.partial_text), markup=False, highlight=False)
 
 
 def print_quiet(result: RunResult) -> None:

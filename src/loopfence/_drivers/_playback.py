@@ -42,6 +42,7 @@ from .._log._schema import (AnswerLine, CallLine, GateLine, HeaderLine, LastAnsw
 from .._log._segments import bookkeeping_start, last_answer_index
 from .._log._writer import Abandoned, E, RunLog, written
 from .._loop import drive, new_state
+from .._setup import model_cap
 from .._messages import Reply, Request
 from .._prices import PriceBook, PriceError
 from .._state import RunState
@@ -549,6 +550,7 @@ class Playback:
         state = new_state(registry, limits, policy_of(h, path), h.params, messages_of(h), compaction_of(h, path))
         priced(state, h, path)
         state.names_reservation_cuts = h.version >= 4
+        state.model_cap = model_cap(h.model) if h.version >= 6 else None
         plog = PlaybackLog(Recording(recorded.events), state, what_if=what_if, compare=compare)
         if h.answer is not None:
             state.answer = RecordedAnswer(plog, h.answer)

@@ -26,10 +26,11 @@ __all__ = ["Decision", "GateDecision", "LogEvent", "HeaderLine", "RequestLine", 
            "FORMAT", "VERSION", "READS_VERSIONS", "EVENT_KINDS", "parse_line", "events_schema"]
 
 FORMAT = "loopfence.runlog"
-VERSION = 5  # 2: typed events, `retry` events; 3: `nudge`, `last_answer` and `guard` events; 4: large values
+VERSION = 6  # 2: typed events, `retry` events; 3: `nudge`, `last_answer` and `guard` events; 4: large values
 # stored once (_log/_large.py), `prompt_estimate`, a cut at the run's own reservation is max_completion_tokens;
-# 5: the header's `messages` (a conversation continued), `answer` events and the header's `answer`
-READS_VERSIONS = (1, 2, 3, 4, 5)  # older logs read with the same models (they never hold the newer events)
+# 5: the header's `messages` (a conversation continued), `answer` events and the header's `answer`;
+# 6: a reply cut at the model's own cap (the header model's `max_tokens`) says so in its stop's detail
+READS_VERSIONS = (1, 2, 3, 4, 5, 6)  # older logs read with the same models (they never hold the newer events)
 
 
 class Decision(StrEnum):

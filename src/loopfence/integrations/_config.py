@@ -34,8 +34,9 @@ LogArg = str | Path | RunLog | Callable[[], "str | Path | RunLog"] | None
 class _Described:
     """What the header records as the run's model: the framework, and the model's name."""
 
-    def __init__(self, framework: str, model: str | None) -> None:
-        self.info: dict[str, Any] = {"kind": framework, **({"model": model} if model else {})}
+    def __init__(self, framework: str, model: str | None, max_tokens: int | None = None) -> None:
+        self.info: dict[str, Any] = {"kind": framework, **({"model": model} if model else {}),
+                                     **({"max_tokens": max_tokens} if max_tokens is not None else {})}
 
     def describe(self) -> dict[str, Any]:
         return self.info
@@ -110,17 +111,19 @@ class Fence:
     def start(self, task: str, tools: Iterable[Tool], *, framework: str, version: str | None = None,
               model: str | None = None, system: str | None = None,
               stop_error: type[FenceStop] = FenceStop, limit_of: LimitOf | None = None,
-              header: Mapping[str, Any] | None = None) -> FencedRun:
+              header: Mapping[str, Any] | None = None, model_max_tokens: int | None = None) -> FencedRun:
         """A run begins: the header is written (the framework and its version recorded, and `header`'s
         own fields). PriceError for a cost budget whose model has no price, before anything is written.
-        `limit_of`: the framework's own limit an error it raises reports (its `framework_limit` stop), or None."""
+        `limit_of`: the framework's own limit an error it raises reports (its `framework_limit` stop), or None.
+        `model_max_tokens`: the model's own cap on a reply where a request sets none (the embedded model's),
+        recorded and named by the stop when a reply is cut at it."""
         tools = list(tools)
         _known_kinds(self.kinds, tools)  # before the log is made or anything is sent
         log = self.log() if callable(self.log) else self.log
         gate = UntrustedGate(self.approve, self.privileged)
         extra = list(self.guards()) if self.guards is not None else None
         fields = {"framework": {"name": framework, **({"version": version} if version else {})}, **(header or {})}
-        state, runlog, guards, _ = start(task, _Described(framework, model), list(tools), self.limits, self.policy,
+        state, runlog, guards, _ = start(task, _Described(framework, model, model_max_tokens), list(tools), self.limits, self.policy,
                                          system, None, log, extra, None, fields, gate, None, Compaction.off(),
                                          self.on_event, self.prices)
         return FencedRun(self, state, runlog, guards, stop_error, limit_of=limit_of)

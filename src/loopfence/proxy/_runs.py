@@ -516,7 +516,7 @@ class Runs:
                             **({"session": session} if session is not None else {}),
                             **({"unplaced": unplaced} if unplaced is not None else {})}}
         fenced = fence.start(task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=system,
-                             header=header)
+                             header=header, model_max_tokens=self.upstream.own_cap(incoming.wire))
         return WireRun(rid, fenced, owner, model, log=None if log is None or isinstance(log, RunLog) else str(log),
                        named=named, tools=frozenset(names), session=session, opening=incoming.opening,
                        task=task_marks(incoming.messages))

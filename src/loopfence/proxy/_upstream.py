@@ -11,6 +11,7 @@ not relayed: the proxy releases calls only once the reply is whole and checked.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -23,6 +24,7 @@ from .._aio import in_thread
 from .._json import canonical_json
 from .._tokens import TokenEstimator, text_units
 from .._messages import Reply, Request
+from ..models._base import ON_TEXT
 from ..models._exchange import ON_STREAM_EVENT
 from ..models._openai import OpenAIModel
 from ..models._sse import SSEEvent
@@ -139,10 +141,24 @@ class Upstream:
             return str(self.local().describe().get("model") or "embedded")
         return asked or "unknown"
 
+    def own_cap(self, wire: str | None = None) -> int | None:
+        """The embedded model's own cap on a reply (its max_tokens) for requests of `wire` that it
+        answers, where a request sets none; None where an upstream answers."""
+        if self.url is None and not self.speaks(wire):
+            return int(self.local().max_tokens)
+        return None
+
     async def complete(self, request: Request, model: str | None, relay: Relay | None) -> Reply:
         """One request upstream (the run's `max_tokens` already in `request`): the Reply, or StopError."""
-        if self.url is None:
-            return await in_thread(self.local().complete, request)
+        if self.url is None:  # the embedded model: its text relayed from its thread as it is made
+            if relay is None:
+                return await in_thread(self.local().complete, request)
+            loop = asyncio.get_running_loop()
+            token = ON_TEXT.set(lambda _step, text: loop.call_soon_threadsafe(relay, text))
+            try:
+                return await in_thread(self.local().complete, request)
+            finally:
+                ON_TEXT.reset(token)
         m = self._model(model, relay is not None)
         if relay is None:
             return await m.acomplete(request)
