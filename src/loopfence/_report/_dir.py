@@ -231,9 +231,15 @@ def _pass_badge(r: Row) -> str:
             f'{"pass" if r.passed else "FAIL"}</span></td>')
 
 
+def _short(detail: str, limit: int = 120) -> str:
+    """A stop's detail cut to one short line for the table (the whole of it is the cell's tooltip)."""
+    line = " ".join(detail.split())
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
 def _table(v: DirView) -> str:
     expect = v.has_expectations
-    heads = ["episode", "stop", "verdict", "requests", "executed", "reused", "refused", "tokens", "seconds",
+    heads = ["episode", "stop", "verdict", "why", "requests", "executed", "reused", "refused", "tokens", "seconds",
              "attempts"] + (["expected", "pass"] if expect else [])
     numeric = {"requests", "executed", "reused", "refused", "tokens", "seconds", "attempts"}
     th = "".join(f'<th class="sort{" n" if h in numeric else ""}">{h}</th>' for h in heads)
@@ -245,7 +251,9 @@ def _table(v: DirView) -> str:
         stop = esc(r.stop) if r.stop else f'<span class="err">{esc(r.error or "no stop")}</span>'
         cells = [f'<td class="id" data-v="{esc(r.id)}">{name}</td>',
                  f'<td data-v="{esc(r.stop or "~error")}" title="{esc(r.detail)}">{stop}</td>',
-                 _cell(r.verdict or "–"), _cell(r.requests, True), _cell(r.executions, True),
+                 _cell(r.verdict or "–"),
+                 f'<td class="why" data-v="{esc(r.detail)}" title="{esc(r.detail)}">{esc(_short(r.detail))}</td>',
+                 _cell(r.requests, True), _cell(r.executions, True),
                  _cell(r.reuses, True), _cell(r.refusals, True), _cell(r.tokens, True),
                  f'<td class="n" data-v="{r.seconds}">{esc(fmt_s(r.seconds))}</td>', _cell(r.attempts, True)]
         if expect:

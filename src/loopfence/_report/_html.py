@@ -33,6 +33,8 @@ max-height:420px;overflow:auto}
 .verdict{font-weight:700;font-size:18px;margin-right:10px}.SHIP .verdict{color:var(--ship)}
 .KILL .verdict{color:var(--kill)}.reason{font-size:18px;font-weight:600}
 .detail{margin-top:4px;white-space:pre-wrap;word-break:break-word}
+.why{margin-top:6px;font-size:15px;font-weight:600}.story{margin-top:6px}#answer{margin-top:8px}
+#answer pre{max-height:240px;background:#fff}abbr[title]{text-decoration:underline dotted;cursor:help}
 .grid{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px}.grid>div:nth-child(odd){color:var(--mut)}
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}.card{background:var(--soft);border-radius:6px;
 padding:8px 12px;min-width:120px}.card b{display:block;font-size:18px}.card span{color:var(--mut);font-size:12px}
@@ -57,7 +59,7 @@ details.step>.body{padding:6px 12px 10px}details.inner>summary{cursor:pointer;co
 svg text{font:11px system-ui,sans-serif;fill:#5b6673}.legend i{display:inline-block;width:10px;height:10px;
 margin:0 4px 0 10px;border-radius:2px}
 .toolbar{margin:6px 0;display:flex;gap:8px;align-items:center}button{font:inherit;padding:2px 10px;cursor:pointer}
-.scroll{overflow-x:auto}td.id{white-space:nowrap}
+.scroll{overflow-x:auto}td.id{white-space:nowrap}td.why{max-width:420px;color:var(--mut);font-size:12.5px}
 input[type=search]{font:inherit;padding:2px 6px;min-width:240px}
 """
 

@@ -21,7 +21,9 @@ from .._log._large import call_text
 from .._log._reader import RunLogFile, read_log
 from .._log._schema import (CallLine, GateLine, HeaderLine, LogEvent, ReplyLine, RequestLine, ResultLine,
                               ResumeLine, RetryLine, StopLine)
+from .._stops import left_by_client
 from ._html import bar_chart, clip, esc, fmt_num, fmt_s, page, stacked_chart
+from ._words import JARGON, TEXT_TOOLS, call_words, jargon, reason_words, story
 
 __all__ = ["RunView", "Step", "Call", "read_run", "render_run", "write_run_report", "BUDGETS"]
 
@@ -138,15 +140,43 @@ def _stop_block(v: RunView) -> str:
                 f'<span class="reason">the log ends without its stop line</span>'
                 f'<div class="detail">the process ended mid-run{esc(cut)}; '
                 f'<code>loopfence resume</code> continues it</div></section>')
-    answer = st.final_answer if st.final_answer is not None else st.partial_text
-    label = "final answer" if st.final_answer is not None else "partial text"
-    more = (f'<details class="inner"><summary>{label} ({len(answer):,} characters)</summary>'
-            f'<pre>{esc(clip(answer))}</pre></details>') if answer else ""
+    answer, label = _answer(v, st)
+    shown = (f'<div id="answer"><div class="mut">{label} ({len(answer):,} characters)</div>'
+             f'<pre>{esc(clip(answer))}</pre></div>') if answer else ""
     data = (f'<details class="inner"><summary>stop data</summary><pre>'
             f'{esc(clip(json.dumps(st.data, indent=2, ensure_ascii=False)))}</pre></details>') if st.data else ""
     return (f'<section class="stop {esc(st.verdict)}" id="stop"><span class="verdict">{esc(st.verdict)}</span>'
             f'<span class="reason" id="stop-reason">{esc(st.reason)}</span>'
-            f'<div class="detail">{esc(st.detail)}</div>{more}{data}{_earlier_stops(v)}</section>')
+            f'<div class="why" id="stop-why">{esc(reason_words(st.reason))}</div>'
+            f'<div class="detail">{esc(st.detail)}</div><div class="story" id="story">{esc(_story(v))}</div>'
+            f'{shown}{data}{_earlier_stops(v)}</section>')
+
+
+def _answer(v: RunView, st: StopLine) -> tuple[str | None, str]:
+    """The text the page shows open under the stop, and what it is: the final answer; a proxy run's
+    last reply, which stands as the answer when its client sent nothing more; or a cut reply's text."""
+    if st.final_answer is not None:
+        return st.final_answer, "final answer"
+    if left_by_client(st.reason, st.data) and v.steps and v.steps[-1].reply is not None:
+        return _reply_text(v.steps[-1].reply) or None, "final answer (the last reply: its client sent nothing more)"
+    return st.partial_text, "the cut reply's text (not shipped)"
+
+
+def _left(v: RunView) -> set[str]:
+    """The calls of a proxy run's last reply, which stands as its answer (its client sent nothing more)."""
+    st = v.stop
+    return set(st.data.get("unanswered") or []) if st is not None and left_by_client(st.reason, st.data) else set()
+
+
+def _story(v: RunView) -> str:
+    """What the run did, in one line: its calls in order (the tool and its telling argument, with the
+    decision where it was not run), and how it ended. A proxy run's last reply that stands as the
+    answer (its client sent nothing more) is the answer, not a call."""
+    st, left = v.stop, _left(v)
+    calls = [(call_words(c.call.name, c.call.arguments, c.call.raw_arguments), str(c.call.decision))
+             for s in v.steps for c in s.calls if c.call.tool_call_id not in left]
+    cut = st is not None and st.partial_text is not None
+    return story(calls, st is not None and (st.final_answer is not None or bool(left)), cut)
 
 
 def _earlier_stops(v: RunView) -> str:
@@ -172,6 +202,9 @@ def _overview(v: RunView) -> str:
                                   f'<pre>{esc(clip(h.system))}</pre></details>'))
     if h.workspace:
         rows.append(("workspace", f'<span class="mono">{esc(h.workspace)}</span>'))
+    proxy = (h.record or {}).get("proxy") if isinstance(h.record, dict) else None
+    if isinstance(proxy, dict):
+        rows.insert(2, ("proxy", _proxy_row(proxy, v)))
     limits = ", ".join(f"{k}={'∞' if val is None else val}" for k, val in h.limits.items())
     rows.append(("limits", f'<span class="mono">{esc(limits)}</span>'))
     led = _ledger(v)
@@ -185,6 +218,20 @@ def _overview(v: RunView) -> str:
     return (f'<section id="overview"><div class="grid">{grid}</div><div class="cards">'
             + "".join(f"<div class=\"card\"><b>{a}</b><span>{b}</span></div>" for a, b in cards)
             + "</div></section>")
+
+
+def _proxy_row(proxy: dict[str, Any], v: RunView) -> str:
+    """A proxy run: the wire its agent spoke, the agent (its user agent), where requests went, and
+    how many actions it read from replies' text (the last reply, standing as the answer, is not one)."""
+    left = _left(v)
+    actions = sum(c.call.name in TEXT_TOOLS and c.call.tool_call_id not in left for s in v.steps for c in s.calls)
+    bits = [f'wire <b id="proxy-wire">{esc(proxy.get("wire") or "chat")}</b>',
+            f'agent <b id="proxy-agent">{esc(proxy.get("user_agent") or "unknown")}</b>',
+            f'upstream <span class="mono">{esc(proxy.get("upstream") or "?")}</span>',
+            f'<span id="proxy-actions">{actions} text action{"" if actions == 1 else "s"}</span>']
+    if proxy.get("session"):
+        bits.append(f'session <span class="mono">{esc(proxy["session"])}</span>')
+    return " · ".join(bits)
 
 
 def _budgets(v: RunView) -> str:
@@ -241,7 +288,9 @@ def _reply_text(reply: ReplyLine) -> str:
 
 
 def _badge(decision: object) -> str:
-    return f'<span class="badge {esc(decision)}">{esc(decision)}</span>'
+    tip = JARGON.get(str(decision))
+    title = f' title="{esc(tip)}"' if tip else ""
+    return f'<span class="badge {esc(decision)}"{title}>{esc(decision)}</span>'
 
 
 def _call_row(c: Call) -> str:
@@ -265,10 +314,10 @@ def _call_row(c: Call) -> str:
 
 def _step(s: Step) -> str:
     req, rep = s.request, s.reply
-    bits = [f"<b>step {req.step}</b>", f"t={req.t:.3f}s", f"prompt ~{fmt_num(req.prompt_estimate)} est."]
+    bits = [f"<b>step {req.step}</b>", f"t={req.t:.3f}s", f"prompt ~{fmt_num(req.prompt_estimate)} {jargon('est.')}"]
     if rep is not None:
         u = rep.usage
-        reported = "reported" if u.reported else "estimated"
+        reported = jargon("reported" if u.reported else "estimated")
         bits.append(f"{fmt_num(u.prompt_tokens)} prompt / {fmt_num(u.completion_tokens)} completion ({reported})")
         if rep.finish_reason:
             bits.append(f"finish {esc(rep.finish_reason)}")
@@ -279,7 +328,10 @@ def _step(s: Step) -> str:
     if s.retries:
         bits.append(f'<span class="warn">{len(s.retries)} retr{"y" if len(s.retries) == 1 else "ies"}</span>')
     if s.calls:
-        bits.append(" ".join(_badge(c.call.decision) for c in s.calls))
+        bits.append(", ".join(f'<code class="called">{esc(call_words(c.call.name, c.call.arguments, c.call.raw_arguments))}'
+                              f'</code> {_badge(c.call.decision)}' for c in s.calls))
+    elif rep is not None and rep.complete and _reply_text(rep):
+        bits.append("answered")
     body = []
     for r in s.retries:
         body.append(f'<div class="warn">retry: attempt {r.attempt} failed ({esc(r.reason)}), '
@@ -290,7 +342,7 @@ def _step(s: Step) -> str:
             body.append(f'<details class="inner"><summary>reply text ({len(text):,} characters)</summary>'
                         f'<pre>{esc(clip(text))}</pre></details>')
         if rep.duration_s is not None:
-            body.append(f'<div class="mut">request took {fmt_s(rep.duration_s)}; fingerprint '
+            body.append(f'<div class="mut">request took {fmt_s(rep.duration_s)}; {jargon("fingerprint")} '
                         f'<span class="mono">{esc(req.fingerprint)}</span>; {req.n_messages or "?"} messages</div>')
         if rep.usage.charged == "estimate":
             body.append(f'<div class="warn">completion charged as an estimate (reported '
