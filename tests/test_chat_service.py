@@ -118,3 +118,56 @@ def test_chat_service_continues_streams_and_stops(tmp_path: Path) -> None:
             assert reconcile(log).ok, reconcile(log)
             report = replay(log)
             assert report.ok and report.same_stop
+
+
+def test_the_service_as_uvicorn_builds_it_reads_the_file_and_stops_a_runaway(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`uvicorn chat_service:app` as the docs run it (from docs/examples, LOOPFENCE_BASE_URL set): its
+    model has the workspace's read tools, so the docstring's question is answered from the file, and
+    a model that keeps calling tools is stopped, named, as the turn's last event."""
+    script = [calls_reply(tool_call("read_file", path="app/config.py")),
+              _slow("app/config.py sets ", "DEBUG = False."),
+              *(calls_reply(tool_call("list_dir", path=".")) for _ in range(30))]
+    with FakeServer(script, across_runs=True) as upstream:
+        monkeypatch.setenv("LOOPFENCE_BASE_URL", upstream.base_url)
+        monkeypatch.setenv("LOOPFENCE_MODEL", "fake")
+        monkeypatch.setenv("CHAT_WORKSPACE", str(EXAMPLE.parent))
+        monkeypatch.setenv("CHAT_LOGS", str(tmp_path / "logs"))
+        example = _load_example()
+        assert example.app is not None
+        with Service(example.app) as svc, httpx.Client(timeout=30) as client:
+            first = _turn(client, f"{svc.url}/chat/42", "What is in app/config.py?")
+            runaway = _turn(client, f"{svc.url}/chat/42", "Keep listing.")
+    results = [m["content"] for m in upstream.requests[1]["messages"] if m["role"] == "tool"]
+    assert len(results) == 1 and "DEBUG = False" in results[0]  # the answer stands on the file as it is
+    assert first[-1][1] == "answer" and first[-1][2]["text"] == "app/config.py sets DEBUG = False."
+    kind, data = runaway[-1][1], runaway[-1][2]
+    assert kind == "stop" and data["reason"] in ("max_steps", "repeated_call", "no_progress"), data
+    assert not [e for e in runaway[:-1] if e[1] in ("stop", "answer")]
+    assert reconcile(data["log"]).ok
+
+
+def test_a_client_that_leaves_mid_answer_leaves_the_streamed_text_in_the_log(tmp_path: Path) -> None:
+    example = _load_example()
+    pieces = [f"piece {i}. " for i in range(40)]
+    with FakeServer([{"fault": "slow_stream", "delay_s": 0.1, **text_chunks(*pieces)}]) as upstream, \
+            OpenAIModel(upstream.base_url, "fake", stream=True) as model:
+        agent = Agent(model=model, log=str(tmp_path / "logs"))
+        with Service(example.build_app(agent)) as svc, httpx.Client(timeout=30) as client:
+            got = []
+            with client.stream("POST", f"{svc.url}/chat/1", json={"message": "Talk."}) as resp:
+                for ev in iter_events(resp.iter_lines()):
+                    got.append(json.loads(ev.data)["text"])
+                    if len(got) == 3:
+                        break  # the client leaves mid-answer
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                logs = list((tmp_path / "logs").glob("*.jsonl"))
+                last = json.loads(logs[0].read_text(encoding="utf-8").splitlines()[-1]) if logs else {}
+                if last.get("event") == "stop":
+                    break
+                time.sleep(0.05)
+    assert last.get("event") == "stop" and last["reason"] == "cancelled", last
+    assert last["partial_text"] and last["partial_text"].startswith("".join(got)), (last["partial_text"], got)
+    assert len(last["partial_text"]) < len("".join(pieces))  # what was streamed, not the whole reply
+    assert reconcile(logs[0]).ok

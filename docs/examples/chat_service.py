@@ -7,11 +7,13 @@
                                                                    a fence stopped the turn (the last event)
 
 Each turn is one fenced run with its own log and budgets: it starts from the conversation so far (the
-previous answered turn's `result.messages`) plus the new user message. A stopped turn leaves the
-conversation as it was (its messages are not kept; its log is). A client that goes away cancels its
-turn (the run ends `cancelled`, its stop in the log).
+previous answered turn's `result.messages`) plus the new user message. The model may read the files
+of CHAT_WORKSPACE (read_file, list_dir). A stopped turn leaves the conversation as it was (its
+messages are not kept; its log is). A client that goes away cancels its turn (the run ends
+`cancelled`, its stop in the log, with the text streamed so far as its `partial_text`).
 
     pip install loopfence starlette uvicorn
+    cd docs/examples   # its app/config.py is the file the question below asks about
     LOOPFENCE_BASE_URL=http://127.0.0.1:8080/v1 LOOPFENCE_MODEL=qwen uvicorn chat_service:app
     curl -N -X POST localhost:8000/chat/42 -d '{"message": "What is in app/config.py?"}'
 """
@@ -29,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from loopfence import Agent, Limits, OpenAIModel, TextDelta
+from loopfence import Agent, Limits, OpenAIModel, TextDelta, workspace_tools
 
 
 def build_app(agent: Agent) -> Starlette:
@@ -74,8 +76,12 @@ def sse(event: str, data: dict[str, Any]) -> str:
 
 
 def _from_env() -> Starlette:
+    """The service on LOOPFENCE_BASE_URL's model, reading the files of CHAT_WORKSPACE (default: the
+    current folder) with read_file and list_dir; each turn's log in CHAT_LOGS (default: chat-logs)."""
     model = OpenAIModel.from_env(stream=True)
-    return build_app(Agent(model=model, limits=Limits(max_steps=20), log=os.environ.get("CHAT_LOGS", "chat-logs")))
+    tools = workspace_tools(os.environ.get("CHAT_WORKSPACE", "."), ["read_file", "list_dir"], manifest=False)
+    return build_app(Agent(model=model, tools=tools, limits=Limits(max_steps=20),
+                           log=os.environ.get("CHAT_LOGS", "chat-logs")))
 
 
 # `uvicorn chat_service:app`, with LOOPFENCE_BASE_URL set (a test builds its own: build_app(agent))

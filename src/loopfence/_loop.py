@@ -29,7 +29,7 @@ from ._setup import describe_model, new_state, set_price, start
 from ._steps import (announce, close_reply, deliver_note, end_turn, finish, on_the_clock, open_request,
                      past_the_clock, run_call, settle, settle_contract)
 from ._stops import RunResult, Stop, StopError, StopReason
-from .models._base import ON_RETRY, Model
+from .models._base import ON_RETRY, ON_TEXT, Model
 from ._log._schema import LastAnswerLine, LogEvent, RetryLine
 from ._log._writer import Abandoned, LogWriteError, RunLog
 from .tools._executor import Executor, ToolResult
@@ -140,6 +140,7 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
     ops = _Ops(model, executor, s)
     meter = Meter()
     metered = METER.set(meter)
+    heard, listened = _heard()  # the text streamed of the request still waiting for its reply
     stop: Stop | None = None
     cancel: asyncio.CancelledError | None = None
     exiting: BaseException | None = None
@@ -175,11 +176,34 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
         raise
     finally:
         METER.reset(metered)
+        if listened is not None:
+            ON_TEXT.reset(listened)
         if stop is not None:
+            if final[0] is None and final[1] is None and heard.get(s.ledger.model_requests) \
+                    and len(s.ledger.per_step) < s.ledger.model_requests:  # stopped mid-reply (a client gone)
+                final[1] = "".join(heard[s.ledger.model_requests])
             result = finish(s, log, stop, final, last)
     if exiting is not None:
         raise exiting
     return _with_cpu(result, meter.cpu), cancel
+
+
+def _heard() -> tuple[dict[int, list[str]], Any]:
+    """Where a streamed run (someone listens to its text: ON_TEXT) keeps the pieces of its latest
+    request's reply, as they pass on: a run stopped before that reply is whole (cancelled, a client
+    gone) keeps them as its partial_text. (the pieces by step, the ON_TEXT token to reset, or None.)"""
+    heard: dict[int, list[str]] = {}
+    report = ON_TEXT.get()
+    if report is None:
+        return heard, None
+
+    def tee(step: int, text: str) -> None:
+        if step not in heard:
+            heard.clear()  # only the latest request's
+            heard[step] = []
+        heard[step].append(text)
+        report(step, text)
+    return heard, ON_TEXT.set(tee)
 
 
 # The stops a last answer is asked after (Policy(last_answer=True)): budgets on the work, and loops.
