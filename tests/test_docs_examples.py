@@ -3,7 +3,7 @@
 Each block runs on its own, as a reader would paste it: a fresh Python process (a block that calls
 `loopfence.instrument()` leaves nothing behind in this session), in a fresh folder holding what the
 docs say the examples start from: `app/config.py` and the files of docs/examples/ (`replies.jsonl`,
-...). The script is padded so a traceback's line numbers are the Markdown file's.
+...), and docs/examples/ itself, as in the repo's root (the README runs from there). The script is padded so a traceback's line numbers are the Markdown file's.
 
 An HTML comment on the line before a block's fence (blank lines allowed between) changes that:
 
@@ -141,6 +141,7 @@ def test_code_block_runs(block: Block, tmp_path: Path) -> None:
     for example in EXAMPLES.iterdir():
         if example.is_file():
             shutil.copy(example, work / example.name)
+    shutil.copytree(EXAMPLES, work / "docs" / "examples")  # laid out as the repo's root too (the README's paths)
     for name, text in block.files.items():
         (work / name).write_text(text, encoding="utf-8")
     if "pytest" in block.directives:

@@ -64,11 +64,11 @@ def test_workspace_files_and_symlinks_are_created_fresh(tmp_path: Path) -> None:
 def test_a_factory_that_cannot_serve_fails_the_row(tmp_path: Path) -> None:
     @contextmanager
     def broken(_s: Any) -> Any:
-        raise DrillSetupError("needs the HTTP endpoint (issue 5): test")
+        raise DrillSetupError("needs the HTTP endpoint: test")
         yield
 
     row = run_scenario(make(expect={"stop": "final_answer"}), tmp_path, broken)
-    assert row.failed and row.error and "issue 5" in row.error
+    assert row.failed and row.error and "needs the HTTP endpoint: test" in row.error
     assert row.to_json()["pass"] is False
 
 
@@ -77,7 +77,7 @@ def test_http_forms_without_the_endpoint_modules_say_so(tmp_path: Path, monkeypa
     s = make(replies=[{"chunks": [], "done": False}], expect={"stop": "incomplete_stream"})
     assert s.needs_http
     row = run_scenario(s, tmp_path)
-    assert row.failed and "needs the HTTP endpoint (issue 5)" in (row.error or "")
+    assert row.failed and "needs the HTTP endpoint" in (row.error or "")
 
 
 def test_stream_true_needs_http() -> None:

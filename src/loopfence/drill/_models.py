@@ -22,7 +22,7 @@ __all__ = ["ModelFactory", "DrillSetupError", "scripted_models", "Endpoint", "ht
 
 ModelFactory = Callable[[Scenario], AbstractContextManager[Model]]
 
-_NEEDS = "needs the HTTP endpoint (issue 5)"
+_NEEDS = "needs the HTTP endpoint (loopfence's HTTP client and fake server could not be imported)"
 
 
 class DrillSetupError(RuntimeError):
