@@ -132,7 +132,7 @@ def test_the_service_as_uvicorn_builds_it_reads_the_file_and_stops_a_runaway(tmp
         monkeypatch.setenv("LOOPFENCE_BASE_URL", upstream.base_url)
         monkeypatch.setenv("LOOPFENCE_MODEL", "fake")
         monkeypatch.setenv("CHAT_WORKSPACE", str(EXAMPLE.parent))
-        monkeypatch.setenv("CHAT_LOGS", str(tmp_path / "logs"))
+        monkeypatch.setenv("CHAT_LOGS", str(tmp_path / "logs"))  # never inside the workspace (else: refused)
         example = _load_example()
         assert example.app is not None
         with Service(example.app) as svc, httpx.Client(timeout=30) as client:
@@ -149,7 +149,7 @@ def test_the_service_as_uvicorn_builds_it_reads_the_file_and_stops_a_runaway(tmp
 
 def test_a_client_that_leaves_mid_answer_leaves_the_streamed_text_in_the_log(tmp_path: Path) -> None:
     example = _load_example()
-    pieces = [f"piece {i}. " for i in range(40)]
+    pieces = [f"piece {i}. " for i in range(150)]  # 15 s of text: the client leaves long before its end
     with FakeServer([{"fault": "slow_stream", "delay_s": 0.1, **text_chunks(*pieces)}]) as upstream, \
             OpenAIModel(upstream.base_url, "fake", stream=True) as model:
         agent = Agent(model=model, log=str(tmp_path / "logs"))
@@ -171,3 +171,12 @@ def test_a_client_that_leaves_mid_answer_leaves_the_streamed_text_in_the_log(tmp
     assert last["partial_text"] and last["partial_text"].startswith("".join(got)), (last["partial_text"], got)
     assert len(last["partial_text"]) < len("".join(pieces))  # what was streamed, not the whole reply
     assert reconcile(logs[0]).ok
+    assert replay(logs[0]).ok  # the replayed stop keeps the same partial_text
+
+
+def test_the_service_refuses_logs_the_model_could_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPFENCE_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("CHAT_WORKSPACE", str(tmp_path))
+    monkeypatch.setenv("CHAT_LOGS", str(tmp_path / "chat-logs"))
+    with pytest.raises(SystemExit, match="inside CHAT_WORKSPACE"):
+        _load_example()

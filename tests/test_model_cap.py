@@ -5,16 +5,20 @@ streamed request through `loopfence proxy` gets the text as the model makes it."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 import loopfence
 from loopfence import ScriptedModel, StopReason
+from loopfence._messages import Reply
 from loopfence.runlog import read_log, reconcile, replay
 
 from _local_support import needs_local_model, read_valid_log
@@ -23,8 +27,8 @@ from _proxy_support import Proxy
 TASK = "Say hello in French."
 
 
-def _cut(content: str, n: int, cap: int | None) -> dict:
-    """A chat.completion cut at `n` tokens, from a model whose description records `cap`."""
+def _cut(content: str, n: int) -> dict:
+    """A chat.completion cut at `n` tokens (finish_reason "length")."""
     return {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}],
             "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n}}
 
@@ -37,7 +41,7 @@ class _Capped(ScriptedModel):
 
 
 def test_a_cut_at_the_models_own_cap_names_it_and_keeps_the_text(tmp_path: Path) -> None:
-    result = loopfence.run(TASK, model=_Capped([_cut("Bonjour! Et puis", 16, 16)]), tools=[], log=tmp_path / "r.jsonl")
+    result = loopfence.run(TASK, model=_Capped([_cut("Bonjour! Et puis", 16)]), tools=[], log=tmp_path / "r.jsonl")
     assert result.reason is StopReason.INCOMPLETE_STREAM and result.verdict == "KILL"
     assert "the model's own cap (max_tokens=16" in result.stop.detail, result.stop.detail
     assert "--param max_tokens=N" in result.stop.detail and "LocalModel(max_tokens=N)" in result.stop.detail
@@ -48,19 +52,83 @@ def test_a_cut_at_the_models_own_cap_names_it_and_keeps_the_text(tmp_path: Path)
 
 
 @pytest.mark.parametrize("model,params", [
-    (_Capped([_cut("Bonjour", 16, 16)]), {"max_tokens": 16}),  # the request asked for that cap
-    (_Capped([_cut("Bonjour", 9, 16)]), None),  # cut elsewhere (a server's own limit)
-    (ScriptedModel([_cut("Bonjour", 16, None)]), None),  # a model that records no cap of its own
-], ids=["asked", "elsewhere", "no-own-cap"])
-def test_any_other_cut_is_not_called_the_models_cap(model: ScriptedModel, params: dict | None) -> None:
-    result = loopfence.run(TASK, model=model, tools=[], params=params, log=None)
+    (_Capped([_cut("Bonjour", 16)]), {"max_tokens": 16}),  # the request asked for that cap
+    (_Capped([_cut("Bonjour", 16)]), "per_request"),  # max_tokens_per_request=16: a larger request cap lifts nothing
+    (_Capped([_cut("Bonjour", 9)]), None),  # cut elsewhere (a server's own limit)
+    (ScriptedModel([_cut("Bonjour", 16)]), None),  # a model that records no cap of its own
+], ids=["asked", "per-request-bound", "elsewhere", "no-own-cap"])
+def test_any_other_cut_is_not_called_the_models_cap(model: ScriptedModel, params: dict | str | None) -> None:
+    limits = {"max_tokens_per_request": 16} if params == "per_request" else None
+    result = loopfence.run(TASK, model=model, tools=[], params=params if isinstance(params, dict) else None,
+                           limits=limits, log=None)
     assert result.reason is StopReason.INCOMPLETE_STREAM and result.partial_text == "Bonjour"
     assert result.stop.detail == "finish_reason is 'length': the reply was cut off", result.stop.detail
 
 
+def _edited(log: Path, out: Path, version: int, plain: bool) -> Path:
+    lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    lines[0]["version"] = version
+    if plain:
+        lines[-1]["detail"] = "finish_reason is 'length': the reply was cut off"
+        lines[-1].pop("data", None)
+    out.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return out
+
+
+def test_an_older_log_keeps_its_plain_detail_on_replay(tmp_path: Path) -> None:
+    """A version-5 log named such a cut plainly (its header records the model's cap all the same):
+    it replays as it was. The same log claiming version 6 does not: the new detail is owed."""
+    loopfence.run(TASK, model=_Capped([_cut("Bonjour", 16)]), tools=[], log=tmp_path / "r.jsonl")
+    assert replay(_edited(tmp_path / "r.jsonl", tmp_path / "v5.jsonl", 5, plain=True)).ok
+    assert not replay(_edited(tmp_path / "r.jsonl", tmp_path / "v6.jsonl", 6, plain=True)).ok
+
+
+class _FakeEmbedded:
+    """Stands in for the embedded model behind the proxy (no weights needed): its own cap of 16,
+    its text through the text sink piece by piece, as LocalModel's, then the reply cut at the cap."""
+
+    def describe(self) -> dict:
+        return {"kind": "local", "model": "fake-embedded", "max_tokens": 16}
+
+    def complete(self, request: Any) -> Reply:
+        from loopfence.models._base import text_sink
+
+        sink = text_sink(request)
+        for piece in ("Bon", "jour ", "et "):
+            if sink is not None:
+                sink(piece)
+        return Reply.from_response({**_cut("Bonjour et ", 16), "model": "fake-embedded"})
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_the_proxy_names_the_embedded_models_cap(tmp_path: Path, stream: bool) -> None:
+    from loopfence.proxy import Proxy, Settings
+
+    async def ask() -> str:
+        proxy = Proxy(None, Settings(logs=tmp_path), local=_FakeEmbedded())
+        transport = httpx.ASGITransport(app=proxy.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1/v1", timeout=30) as client:
+            body = {"model": "m", "messages": [{"role": "user", "content": TASK}], "stream": stream}
+            got = await client.post("/chat/completions", json=body)
+        await proxy.aclose()
+        if not stream:
+            return got.json()["choices"][0]["message"]["content"]
+        return "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                       for line in got.text.splitlines() if line.startswith("data: {") and '"choices": [{' in line)
+
+    text = asyncio.run(ask())
+    stop = text[text.index("[loopfence stop]"):]
+    assert "the model's own cap (max_tokens=16" in stop and "max_tokens through the proxy" in stop, text
+    assert text.startswith("Bonjour et \n\n[loopfence stop]") if stream else text.startswith("[loopfence stop]")
+    (log,) = tmp_path.glob("*.jsonl")
+    assert read_log(log).header.model["max_tokens"] == 16
+    assert read_valid_log(log)[-1]["partial_text"] == "Bonjour et "
+    assert replay(log).ok
+
+
 def test_the_cli_shows_the_cut_text_as_not_shipped(tmp_path: Path) -> None:
     script = tmp_path / "replies.jsonl"
-    script.write_text(json.dumps(_cut("Bonjour! Et puis", 7, None)) + "\n", encoding="utf-8")
+    script.write_text(json.dumps(_cut("Bonjour! Et puis", 7)) + "\n", encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", "loopfence", "run", TASK, "--script", str(script), "--log",
                            str(tmp_path / "r.jsonl")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stderr

@@ -5,7 +5,7 @@ headless Chromium, in a 1200x900 window, from what is visible inside it."""
 
 from __future__ import annotations
 
-import shutil
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,3 +148,22 @@ def test_the_batch_page_says_why_each_episode_stopped(run_log: Path, tmp_path: P
     page = write_dir_report(folder, episode_pages=False).read_text(encoding="utf-8")
     assert "<th class=\"sort\">why</th>" in page and page.count('<td class="why"') == 4  # 3 and a broken one
     assert ">final_answer detail</td>" in page and ">workspace missing</td>" in page
+
+
+def test_odd_logs_still_make_a_page(tmp_path: Path) -> None:
+    """A cut reply's step is not "answered"; a call whose raw arguments nest deeper than any parser
+    goes is named by its tool; `unanswered` entries that are not ids are left out, not a crash."""
+    model = ScriptedModel([{"choices": [{"index": 0, "finish_reason": "length",
+                                         "message": {"role": "assistant", "content": "Bonjour et"}}]}])
+    run("Say hello", model=model, tools=[], log=tmp_path / "cut.jsonl")
+    page = write_run_report(tmp_path / "cut.jsonl", tmp_path / "cut.html").read_text(encoding="utf-8")
+    assert "answered" not in page.split('id="step-1"><summary>')[1].split("</summary>")[0]
+    assert "its last reply was cut off" in page and "Bonjour et" in page.split('id="answer"')[1]
+    assert call_words("f", None, "[" * 100_000) == "f"
+    log = _ship(tmp_path)
+    lines = log.read_text(encoding="utf-8").splitlines()
+    stop = json.loads(lines[-1])
+    stop.update(reason="final_answer", data={"unanswered": [{"id": 1}, None]}, final_answer=None)
+    (tmp_path / "odd.jsonl").write_text("\n".join([*lines[:-1], json.dumps(stop)]) + "\n", encoding="utf-8")
+    page = write_run_report(tmp_path / "odd.jsonl", tmp_path / "odd.html").read_text(encoding="utf-8")
+    assert 'id="story"' in page

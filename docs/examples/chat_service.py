@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -77,11 +79,16 @@ def sse(event: str, data: dict[str, Any]) -> str:
 
 def _from_env() -> Starlette:
     """The service on LOOPFENCE_BASE_URL's model, reading the files of CHAT_WORKSPACE (default: the
-    current folder) with read_file and list_dir; each turn's log in CHAT_LOGS (default: chat-logs)."""
-    model = OpenAIModel.from_env(stream=True)
-    tools = workspace_tools(os.environ.get("CHAT_WORKSPACE", "."), ["read_file", "list_dir"], manifest=False)
-    return build_app(Agent(model=model, tools=tools, limits=Limits(max_steps=20),
-                           log=os.environ.get("CHAT_LOGS", "chat-logs")))
+    current folder) with read_file and list_dir; each turn's log in CHAT_LOGS (default: a folder in
+    the temporary directory). The logs hold every conversation: never where the model can read them."""
+    workspace = Path(os.environ.get("CHAT_WORKSPACE", ".")).resolve()
+    logs = Path(os.environ.get("CHAT_LOGS") or Path(tempfile.gettempdir()) / "loopfence-chat-logs").resolve()
+    if logs.is_relative_to(workspace):
+        raise SystemExit(f"CHAT_LOGS ({logs}) is inside CHAT_WORKSPACE ({workspace}): the model could read "
+                         "every conversation's log; put the logs elsewhere")
+    tools = workspace_tools(workspace, ["read_file", "list_dir"], manifest=False)
+    return build_app(Agent(model=OpenAIModel.from_env(stream=True), tools=tools, limits=Limits(max_steps=20),
+                           log=str(logs)))
 
 
 # `uvicorn chat_service:app`, with LOOPFENCE_BASE_URL set (a test builds its own: build_app(agent))

@@ -140,7 +140,7 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
     ops = _Ops(model, executor, s)
     meter = Meter()
     metered = METER.set(meter)
-    heard, listened = _heard()  # the text streamed of the request still waiting for its reply
+    listened = _listen(s)  # the text streamed of the reply still awaited, kept in s.streamed
     stop: Stop | None = None
     cancel: asyncio.CancelledError | None = None
     exiting: BaseException | None = None
@@ -179,31 +179,29 @@ async def _to_stop(s: RunState, model: Model, log: RunLog, guards: Guards,
         if listened is not None:
             ON_TEXT.reset(listened)
         if stop is not None:
-            if final[0] is None and final[1] is None and heard.get(s.ledger.model_requests) \
-                    and len(s.ledger.per_step) < s.ledger.model_requests:  # stopped mid-reply (a client gone)
-                final[1] = "".join(heard[s.ledger.model_requests])
+            if final[0] is None and final[1] is None and s.streamed.get(s.ledger.model_requests):
+                final[1] = "".join(s.streamed[s.ledger.model_requests])  # stopped mid-reply (a client gone)
             result = finish(s, log, stop, final, last)
     if exiting is not None:
         raise exiting
     return _with_cpu(result, meter.cpu), cancel
 
 
-def _heard() -> tuple[dict[int, list[str]], Any]:
-    """Where a streamed run (someone listens to its text: ON_TEXT) keeps the pieces of its latest
-    request's reply, as they pass on: a run stopped before that reply is whole (cancelled, a client
-    gone) keeps them as its partial_text. (the pieces by step, the ON_TEXT token to reset, or None.)"""
-    heard: dict[int, list[str]] = {}
+def _listen(s: RunState) -> Any:
+    """A streamed run (someone listens to its text: ON_TEXT) keeps the pieces of the reply it awaits
+    in `s.streamed` as they pass on: a run stopped before that reply is whole (cancelled, a client
+    gone, the clock) keeps them as its partial_text. The ON_TEXT token to reset, or None."""
     report = ON_TEXT.get()
     if report is None:
-        return heard, None
+        return None
 
     def tee(step: int, text: str) -> None:
-        if step not in heard:
-            heard.clear()  # only the latest request's
-            heard[step] = []
-        heard[step].append(text)
+        if step not in s.streamed:
+            s.streamed.clear()  # only the awaited reply's
+            s.streamed[step] = []
+        s.streamed[step].append(text)
         report(step, text)
-    return heard, ON_TEXT.set(tee)
+    return ON_TEXT.set(tee)
 
 
 # The stops a last answer is asked after (Policy(last_answer=True)): budgets on the work, and loops.

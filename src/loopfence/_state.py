@@ -89,6 +89,9 @@ class RunState:
     # the model's own cap on a reply where a request sets none (the embedded model's max_tokens, from
     # the header's model; None: the model has none, or a log before version 6 that never named it)
     model_cap: int | None = None
+    # the text streamed so far of the reply still awaited ({step: pieces}; emptied when a reply is
+    # whole): a run stopped before its reply is whole keeps it as partial_text (playback: the log's)
+    streamed: dict[int, list[str]] = field(default_factory=dict)
     answer: Any = None  # the answer contract (`_answer.AnswerContract`; playback: the recorded verdicts)
     answer_rejections: int = 0  # final answers it rejected so far
     output: Any = None  # the accepted answer as the contract typed it (RunResult.output)

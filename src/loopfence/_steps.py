@@ -83,6 +83,7 @@ def open_request(s: RunState, log: RunLog) -> tuple[Request, int]:
 
 def close_reply(s: RunState, log: RunLog, step: int, reply: Reply, estimate: int, started: float) -> None:
     """The reply remembered, charged (tokens; dollars where the run has a price) and logged."""
+    s.streamed.clear()  # the reply is whole: its text is in the log
     prompt, completion = s.remember(reply, estimate)
     usage = Usage(prompt_tokens=prompt, completion_tokens=completion,
                   reported=reply.usage is not None and reply.usage.prompt_tokens is not None, **s.charge_note)
@@ -173,9 +174,10 @@ def _cut_by_model_cap(s: RunState, reply: Reply) -> Stop | None:
     uses where a request sets none) is still incomplete_stream, and says so: the cap, and how to raise
     it. None for any other cut."""
     cap, used = s.model_cap, reply.usage.completion_tokens if reply.usage else None
+    per_request = s.limits.max_tokens_per_request
     if cap is None or used != cap or not reply.complete or reply.finish_reason != "length" \
-            or requested_max_tokens(s.params) is not None:
-        return None
+            or requested_max_tokens(s.params) is not None or (per_request is not None and per_request <= cap):
+        return None  # another cut, or one a larger request cap would not lift (max_tokens_per_request)
     calls = "its tool calls were not run" if reply.tool_calls else "its text is kept (partial_text), not shipped"
     return Stop(StopReason.INCOMPLETE_STREAM, f"the reply was cut at {cap} tokens, the model's own cap (max_tokens="
                 f"{cap}, which it uses where a request sets none); {calls}. To raise it, set the request's "

@@ -386,6 +386,8 @@ class PlaybackModel:
                 nxt.reason is not None:  # the last answer's request met a stop: the same again
             raise StopError(nxt.reason, nxt.detail)
         if isinstance(nxt, StopLine):  # the recorded model call ended the run
+            if nxt.partial_text is not None:  # before its reply was whole: the text it had streamed
+                self.log.state.streamed = {request.step: [nxt.partial_text]}
             raise self.log.recorded_stop(nxt)
         raise RecordingEnded(request.step, f"the model is asked for step {request.step}, "
                              "and the recording has no reply for it")

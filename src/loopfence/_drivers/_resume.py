@@ -33,6 +33,7 @@ from .._log._schema import HeaderLine, LogEvent, ReplyLine, ResumeLine, StopLine
 from .._log._segments import REOPENABLE, bookkeeping_start
 from .._log._writer import RunLog
 from .._loop import drive, new_state
+from .._setup import model_cap
 from .._stops import RunResult
 from ..models._base import Model
 from ..tools._executor import Executor
@@ -123,6 +124,7 @@ def resume(path: str | Path, *, model: Model | None = None, tools: Iterable[Tool
         os.truncate(p, log.complete_bytes)
     state = new_state(registry, state_limits, policy_of(h, p), h.params, messages_of(h), compaction_of(h, p))
     priced(state, h, p)  # the cost budget goes on at the recorded prices
+    state.model_cap = model_cap(h.model) if h.version >= 6 else None  # as the recorded part named its cuts
     state.run_id = h.run_id  # the same run: its requests carry the same id (a FakeServer's own sequence)
     overrides = _overrides(state_limits, limits, live_model if model is not None else None)
     rec = Recording(events, h.t)

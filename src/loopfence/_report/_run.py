@@ -27,6 +27,7 @@ from ._words import JARGON, TEXT_TOOLS, call_words, jargon, reason_words, story
 
 __all__ = ["RunView", "Step", "Call", "read_run", "render_run", "write_run_report", "BUDGETS"]
 
+SHOWN_CALLS = 8  # the calls a step's header names (its body lists them all)
 # budget -> (ledger entry it limits, what it counts)
 BUDGETS = (("max_steps", "model_requests", "model requests"),
            ("max_tool_calls", "tool_executions", "tool executions"),
@@ -165,7 +166,9 @@ def _answer(v: RunView, st: StopLine) -> tuple[str | None, str]:
 def _left(v: RunView) -> set[str]:
     """The calls of a proxy run's last reply, which stands as its answer (its client sent nothing more)."""
     st = v.stop
-    return set(st.data.get("unanswered") or []) if st is not None and left_by_client(st.reason, st.data) else set()
+    if st is None or not left_by_client(st.reason, st.data):
+        return set()
+    return {i for i in st.data["unanswered"] if isinstance(i, str)}
 
 
 def _story(v: RunView) -> str:
@@ -204,7 +207,7 @@ def _overview(v: RunView) -> str:
         rows.append(("workspace", f'<span class="mono">{esc(h.workspace)}</span>'))
     proxy = (h.record or {}).get("proxy") if isinstance(h.record, dict) else None
     if isinstance(proxy, dict):
-        rows.insert(2, ("proxy", _proxy_row(proxy, v)))
+        rows.insert(next(i for i, r in enumerate(rows) if r[0] == "model") + 1, ("proxy", _proxy_row(proxy, v)))
     limits = ", ".join(f"{k}={'∞' if val is None else val}" for k, val in h.limits.items())
     rows.append(("limits", f'<span class="mono">{esc(limits)}</span>'))
     led = _ledger(v)
@@ -328,9 +331,10 @@ def _step(s: Step) -> str:
     if s.retries:
         bits.append(f'<span class="warn">{len(s.retries)} retr{"y" if len(s.retries) == 1 else "ies"}</span>')
     if s.calls:
+        more = f", {len(s.calls) - SHOWN_CALLS} more" if len(s.calls) > SHOWN_CALLS else ""
         bits.append(", ".join(f'<code class="called">{esc(call_words(c.call.name, c.call.arguments, c.call.raw_arguments))}'
-                              f'</code> {_badge(c.call.decision)}' for c in s.calls))
-    elif rep is not None and rep.complete and _reply_text(rep):
+                              f'</code> {_badge(c.call.decision)}' for c in s.calls[:SHOWN_CALLS]) + more)
+    elif rep is not None and rep.complete and rep.finish_reason != "length" and _reply_text(rep):
         bits.append("answered")
     body = []
     for r in s.retries:

@@ -4,10 +4,10 @@ the jargon the page uses."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
+from .._json import loads
 from .._stops import StopReason
 from ._html import esc
 
@@ -75,14 +75,14 @@ def call_words(name: str, arguments: Any, raw: str | None = None, limit: int = 6
     args = arguments if isinstance(arguments, dict) else {}
     if not args and raw:
         try:
-            parsed = json.loads(raw)
+            parsed = loads(raw)  # bounded: deep nesting is a ValueError
             args = parsed if isinstance(parsed, dict) else {}
         except ValueError:
             args = {}
     main = next((args[k] for k in ("action", "command", "cmd", "path", "file", "url", "query", "pattern")
-                 if isinstance(args.get(k), str) and args[k]), None)
+                 if isinstance(args.get(k), str) and args[k].strip()), None)
     if main is None:
-        main = next((v for v in args.values() if isinstance(v, str) and v), None)
+        main = next((v for v in args.values() if isinstance(v, str) and v.strip()), None)
     if main is None:
         return name
     main = " ".join(main.split())

@@ -29,6 +29,7 @@ from .._log._writer import RunLog
 from .._messages import Reply
 from .._stops import Stop, StopReason
 from .._drivers._rebuild import limits_of, policy_of
+from .._setup import model_cap
 from ..integrations._config import Fence
 from ..integrations._fence import FenceStop, versions
 from ._answer import Answer
@@ -125,7 +126,8 @@ async def fold(log: RunLogFile, rid: str, owner: str | None, model: str | None, 
     tools = [fence.tool(s.name, s.parameters, s.description) for s in h.specs]
     model = str(model or (h.model.get("model") if isinstance(h.model, dict) else "") or "")
     f = fence.start(h.task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=h.system,
-                    header={"proxy": h.record.get("proxy")})
+                    header={"proxy": h.record.get("proxy")},
+                    model_max_tokens=model_cap(h.model) if h.version >= 6 else None)
     f.state.run_id = h.run_id  # the same run upstream: its requests carry the same id
     proxy = h.record.get("proxy") if isinstance(h.record.get("proxy"), dict) else {}
     run = WireRun(rid, f, owner, model, log=path, tools=frozenset(s.name for s in h.specs if s.name not in TEXT_TOOLS),

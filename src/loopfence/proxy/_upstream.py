@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from .._aio import in_thread
+from .._setup import model_cap
 from .._json import canonical_json
 from .._tokens import TokenEstimator, text_units
 from .._messages import Reply, Request
@@ -145,7 +146,7 @@ class Upstream:
         """The embedded model's own cap on a reply (its max_tokens) for requests of `wire` that it
         answers, where a request sets none; None where an upstream answers."""
         if self.url is None and not self.speaks(wire):
-            return int(self.local().max_tokens)
+            return model_cap(self.local().describe())
         return None
 
     async def complete(self, request: Request, model: str | None, relay: Relay | None) -> Reply:
