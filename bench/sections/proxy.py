@@ -30,8 +30,12 @@ import httpx
 from ..report import Section, table
 
 TITLE = "Proxy"
-FULL = {"conversations": 200, "steps": 4, "concurrent": 100}
-QUICK = {"conversations": 4, "steps": 2, "concurrent": 10}
+FULL = {"conversations": 200, "steps": 4, "concurrent": 100, "lengths": (10, 100, 500), "grown": 8}
+QUICK = {"conversations": 4, "steps": 2, "concurrent": 10, "lengths": (10, 30), "grown": 2}
+RESULT_BYTES = 2048  # each tool result of the length sweep: ~1 MB of history at 500 messages
+GOAL_GROWTH = 1.5  # the proxy/bare ratio of added p50 at the longest length: at most this multiple of the shortest's
+SWEEP_LIMITS = ("max_steps=none", "max_tool_calls=none", "max_prompt_tokens=none", "max_completion_tokens=none",
+                "max_wall_seconds=none")  # the sweep's proxy: runs that grow past the coding profile's budgets
 GOAL_VS_LITELLM = 0.25  # the proxy's p50 addition: at most this share of LiteLLM's
 GOAL_VS_BARE = 2.0  # and at most this multiple of a bare pass-through's
 START_S = 120.0  # how long a server may take to start: bounds a failure, not a speed
@@ -150,6 +154,41 @@ class Conversation:
         self.answered = not calls
 
 
+class Growing(Conversation):
+    """A conversation that grows by one call and a RESULT_BYTES result per turn, without end."""
+
+    def take(self, got: httpx.Response) -> None:
+        got.raise_for_status()
+        message = got.json()["choices"][0]["message"]
+        self.messages.append(message)
+        for c in message.get("tool_calls") or []:
+            head = f"ok {c['function']['arguments']} "
+            self.messages.append({"role": "tool", "tool_call_id": c["id"],
+                                  "content": head + "".join(f"line {j} of {head}\n" for j in range(400))[:RESULT_BYTES]})
+
+
+def _window(length: int) -> range:
+    """The message counts a length's figures are read from (a request carries 1 + 2t messages)."""
+    spread = max(4, length // 10)
+    return range(length - spread, length + spread + 1)
+
+
+def _grown(url: str, first: int, k: int, upto: int) -> list[tuple[int, float]]:
+    """k conversations through `url`, each grown until its requests carry `upto` messages: each
+    request's (messages sent, seconds)."""
+    out = []
+    with httpx.Client(timeout=120, transport=httpx.HTTPTransport(socket_options=NODELAY)) as client:
+        for c in range(first, first + k):
+            talk = Growing(c)
+            while len(talk.messages) <= upto:
+                n = len(talk.messages)
+                t0 = time.perf_counter()
+                got = client.post(f"{url}/chat/completions", json=talk.body())
+                out.append((n, time.perf_counter() - t0))
+                talk.take(got)
+    return out
+
+
 def _latencies(url: str, first: int, n: int) -> list[float]:
     """Conversations first..first+n-1 through `url`, one request at a time: each request's seconds."""
     out = []
@@ -245,6 +284,76 @@ def _litellm(upstream: str, tmp: Path) -> Child | str:
     return f"did not start in {START_S:.0f} s (exit {proc.poll()})"
 
 
+def _sweep(cfg: dict[str, Any], tmp: Path, litellm: Child | str) -> tuple[str, dict[str, Any]]:
+    """The added latency by conversation length (p50, p99), each path side by side: the proxy's
+    cost must not grow with the history faster than a bare pass-through's."""
+    lengths, k = cfg["lengths"], cfg["grown"]
+    upto = max(_window(max(lengths)))
+    upstream = Child(_module("upstream", "1000000"))
+    servers: dict[str, Child | str] = {"direct": upstream}
+    samples: dict[str, list[tuple[int, float]]] = {}
+    try:
+        servers["bare pass-through"] = Child(_module("passthrough", upstream.url))
+        servers["loopfence proxy"] = Child([sys.executable, "-m", "loopfence", "proxy", "--upstream", upstream.url,
+                                            "--port", "0", "--logs", str(tmp / "sweep-logs"),
+                                            *(a for limit in SWEEP_LIMITS for a in ("--limit", limit))])
+        if isinstance(litellm, Child):  # the shortest length only: LiteLLM is the per-request floor's peer
+            servers["LiteLLM proxy"] = litellm
+        for name, server in servers.items():
+            assert isinstance(server, Child)
+            _grown(server.url, 90_000, 1, 12)  # warm-up
+            reach = max(_window(min(lengths))) if name == "LiteLLM proxy" else upto
+            samples[name] = _grown(server.url, 100_000, k, reach)
+    finally:
+        for name, server in servers.items():
+            if isinstance(server, Child) and name != "LiteLLM proxy":
+                server.close()
+    data: dict[str, Any] = {}
+    rows = []
+    for length in lengths:
+        window = _window(length)
+        at = {name: [t for n, t in got if n in window] for name, got in samples.items()}
+        base = {p: _pct(at["direct"], p) for p in (50, 99)}
+        row: dict[str, Any] = {"requests": len(at["direct"])}
+        for name, xs in at.items():
+            if xs and name != "direct":
+                row[name] = {"added_p50_ms": (_pct(xs, 50) - base[50]) * 1e3, "added_p99_ms": (_pct(xs, 99) - base[99]) * 1e3}
+        bare, ours = row["bare pass-through"]["added_p50_ms"], row["loopfence proxy"]["added_p50_ms"]
+        row["ratio"] = ours / bare if bare > 0 else float("inf")
+        data[str(length)] = row
+        lite = row.get("LiteLLM proxy")
+        rows.append([length, row["requests"], f"{base[50] * 1e3:.2f}", f"{bare:+.2f}",
+                     f"{row['bare pass-through']['added_p99_ms']:+.2f}", f"{ours:+.2f}",
+                     f"{row['loopfence proxy']['added_p99_ms']:+.2f}", f"{row['ratio']:.1f}x",
+                     f"{lite['added_p50_ms']:+.2f}" if lite else ""])
+    short, long = data[str(min(lengths))], data[str(max(lengths))]
+    goals = {"vs_bare": short["ratio"] <= GOAL_VS_BARE,
+             "growth": long["ratio"] <= GOAL_GROWTH * short["ratio"]}
+    lite = short.get("LiteLLM proxy")
+    if lite is not None:
+        goals["vs_litellm"] = short["loopfence proxy"]["added_p50_ms"] <= GOAL_VS_LITELLM * lite["added_p50_ms"]
+    data["goals"] = goals
+    said = [f"at {min(lengths)} messages the proxy adds {short['ratio']:.1f}x the bare pass-through's p50 (goal "
+            f"at most {GOAL_VS_BARE:g}x): {'met' if goals['vs_bare'] else 'not met'}",
+            f"from {min(lengths)} to {max(lengths)} messages that ratio goes from {short['ratio']:.1f}x to "
+            f"{long['ratio']:.1f}x (goal: at most {GOAL_GROWTH:g} times the first, {GOAL_GROWTH * short['ratio']:.1f}x): "
+            f"{'met' if goals['growth'] else 'not met'}"]
+    if lite is not None:
+        said.append(f"at {min(lengths)} messages it adds {short['loopfence proxy']['added_p50_ms']:.2f} ms against "
+                    f"LiteLLM's {lite['added_p50_ms']:.2f} (goal at most {GOAL_VS_LITELLM:g} of it): "
+                    f"{'met' if goals['vs_litellm'] else 'not met'}")
+    md = "\n\n".join([
+        f"By conversation length: {k} conversations per path, each grown by one no-op call and a "
+        f"{RESULT_BYTES // 1024} KiB result per turn to {upto} messages; each length's figures are the requests "
+        f"carrying {min(_window(min(lengths)))}-{max(_window(min(lengths)))} ... "
+        f"{min(_window(max(lengths)))}-{max(_window(max(lengths)))} messages, the added latency the path's "
+        "percentile minus the direct one's over the same requests.",
+        table(["messages", "requests", "direct p50 ms", "bare added p50", "bare added p99", "loopfence added p50",
+               "loopfence added p99", "ratio (p50)", "LiteLLM added p50"], rows),
+        "; ".join(said) + "."])
+    return md, data
+
+
 def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
     cfg = QUICK if quick else FULL
     n, steps = cfg["conversations"], cfg["steps"]
@@ -257,7 +366,8 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
             servers["bare pass-through (Starlette + uvicorn + httpx)"] = Child(_module("passthrough", upstream.url))
             servers["loopfence proxy"] = Child([sys.executable, "-m", "loopfence", "proxy", "--upstream", upstream.url,
                                                 "--port", "0", "--logs", str(tmp / "logs")])
-            servers["LiteLLM proxy"] = "skipped in --quick" if quick else _litellm(upstream.url, tmp)
+            litellm: Child | str = "skipped in --quick" if quick else _litellm(upstream.url, tmp)
+            servers["LiteLLM proxy"] = litellm
             first = 0
             for name, server in servers.items():
                 if isinstance(server, str):
@@ -283,6 +393,7 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
             data["concurrent"] = {"conversations": conc, "requests": requests, "answered_all": ended == conc,
                                   "wall_s": wall, "rss_before_kib": before, "rss_open_kib": held,
                                   "kib_per_open_run": (held - before) / conc, "open_requests": opened}
+            sweep_md, data["by_length"] = _sweep(cfg, tmp, litellm)
         finally:
             for server in servers.values():
                 if isinstance(server, Child):
@@ -307,6 +418,7 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
         f"Memory: {c['rss_before_kib'] / 1024:.1f} MiB resident before, {c['rss_open_kib'] / 1024:.1f} MiB with "
         f"{c['conversations']} more runs open ({c['open_requests']} requests in): "
         f"{c['kib_per_open_run']:.0f} KiB per open run.",
+        sweep_md,
     ])
     return Section(TITLE, md, data)
 
