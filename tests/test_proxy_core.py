@@ -155,7 +155,7 @@ def test_an_idle_run_is_forgotten_after_expire_after_and_its_log_stays(tmp_path:
 
 
 def _open_logs(folder: Path) -> int:
-    """This process's file descriptors open on a file in `folder`."""
+    """This process's file descriptors open on a file in `folder` (a waiting run's log and notes)."""
     fds = Path("/proc/self/fd")
     return sum(1 for fd in fds.iterdir() if os.path.realpath(fd).startswith(str(folder.resolve()) + os.sep))
 
@@ -174,12 +174,12 @@ def test_runs_waiting_on_their_clients_past_max_open_logs_rest_their_log_files(t
                 r = await client.post("/chat/completions", json={"model": "m", "messages": [
                     {"role": "user", "content": f"classify {i}"}]})
                 ids.append(r.headers["x-loopfence-run"])
-            assert _open_logs(tmp_path) == 2
+            assert _open_logs(tmp_path) == 4  # two runs: each its log and its notes
             first = [{"role": "user", "content": "classify 0"}, {"role": "assistant", "content": "positive"},
                      {"role": "user", "content": "and now?"}]
             again = await client.post("/chat/completions", json={"model": "m", "messages": first})
             assert again.headers["x-loopfence-run"] == ids[0]  # the rested run, continued
-            assert _open_logs(tmp_path) == 2
+            assert _open_logs(tmp_path) == 4
             for rid in ids:
                 assert (await client.post(f"http://127.0.0.1/loopfence/runs/{rid}/reset")).status_code == 200
             assert _open_logs(tmp_path) == 0

@@ -32,7 +32,7 @@ from ..report import Section, table
 TITLE = "Proxy"
 FULL = {"conversations": 200, "steps": 4, "concurrent": 100, "lengths": (10, 100, 500), "grown": 8}
 QUICK = {"conversations": 4, "steps": 2, "concurrent": 10, "lengths": (10, 30), "grown": 2}
-RESULT_BYTES = 2048  # each tool result of the length sweep: ~1 MB of history at 500 messages
+RESULT_BYTES = 3900  # each tool result of the length sweep: ~1 MB of history at 500 messages
 GOAL_GROWTH = 1.5  # the proxy/bare ratio of added p50 at the longest length: at most this multiple of the shortest's
 SWEEP_LIMITS = ("max_steps=none", "max_tool_calls=none", "max_prompt_tokens=none", "max_completion_tokens=none",
                 "max_wall_seconds=none")  # the sweep's proxy: runs that grow past the coding profile's budgets
@@ -344,7 +344,7 @@ def _sweep(cfg: dict[str, Any], tmp: Path, litellm: Child | str) -> tuple[str, d
                     f"{'met' if goals['vs_litellm'] else 'not met'}")
     md = "\n\n".join([
         f"By conversation length: {k} conversations per path, each grown by one no-op call and a "
-        f"{RESULT_BYTES // 1024} KiB result per turn to {upto} messages; each length's figures are the requests "
+        f"{RESULT_BYTES / 1024:.1f} KiB result per turn to {upto} messages; each length's figures are the requests "
         f"carrying {min(_window(min(lengths)))}-{max(_window(min(lengths)))} ... "
         f"{min(_window(max(lengths)))}-{max(_window(max(lengths)))} messages, the added latency the path's "
         "percentile minus the direct one's over the same requests.",

@@ -34,7 +34,7 @@ KEEP_ALIVE_S = 75  # an idle client connection is kept this long (nginx's defaul
 HEADER_TIMEOUT_S = 10.0  # a connection must send a whole request head within this long (slowloris)
 MAX_CONNECTIONS = 1024  # client connections at once, at most (fewer under a low descriptor limit)
 NOTICE_S = 10.0  # at most one line on stderr this often about refused connections or exhausted descriptors
-# descriptors kept for the proxy's own: open run logs (Runs.max_open_logs), upstream connections for the
+# descriptors kept for the proxy's own: open run logs and notes (2 x Runs.max_open_logs), upstream connections for the
 # requests at work, Redis, stdio
 SPARE_FDS = 256 + 2 * 64 + 32
 

@@ -130,12 +130,29 @@ class WireRun:
     opening: str = ""  # the digest of its first request's system messages (`_view.marks`)
     task: frozenset[str] = frozenset()  # the digests its task is known by (`_view.task_marks`)
     given: list[str] = field(default_factory=list)  # the digests of the answers it gave (`_view.answer_digest`)
+    notes_out: Any = field(default=None, repr=False)  # its notes file while the run goes on (`note`)
 
     def note(self, **fields: Any) -> None:
-        """One line of notes: who opened the run, each request's digest, each answer given."""
-        if self.notes is not None:
+        """One line of notes: who opened the run, each request's digest, each answer given. The file
+        stays open while the run goes on (each line written whole as it comes: line-buffered), and is
+        closed with its log (`rest`) or once the run has ended."""
+        if self.notes is None:
+            return
+        text = json.dumps(fields, ensure_ascii=False) + "\n"
+        if self.fenced.finished:  # nothing more will come
+            self.rest()
             with self.notes.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(fields, ensure_ascii=False) + "\n")
+                out.write(text)
+            return
+        if self.notes_out is None:
+            self.notes_out = self.notes.open("a", encoding="utf-8", buffering=1)
+        self.notes_out.write(text)
+
+    def rest(self) -> None:
+        """Its notes file closed until the next line (its log rests apart: `RunLog.rest`)."""
+        if self.notes_out is not None:
+            self.notes_out.close()
+            self.notes_out = None
 
     def describe(self) -> dict[str, Any]:
         f = self.fenced
@@ -186,10 +203,10 @@ def opening(messages: list[dict[str, Any]]) -> tuple[str | None, str]:
 
 class Runs:
     """Every run this proxy serves, found by name, by conversation, or by its latest request.
-    `max_open_logs`: how many waiting runs keep their log file open; the others rest theirs (closed
-    until their next line), so runs a client never ends hold no file descriptors."""
+    `max_open_logs`: how many waiting runs keep their log and notes files open; the others rest
+    theirs (closed until their next line), so runs a client never ends hold no file descriptors."""
 
-    max_open_logs = 256
+    max_open_logs = 128  # two descriptors each
 
     def __init__(self, upstream: Upstream, settings: Settings) -> None:
         self.upstream = upstream
@@ -244,6 +261,7 @@ class Runs:
         that waited longest rests its log (`RunLog.rest`)."""
         if run.fenced.finished:
             self.open_logs.pop(run.id, None)
+            run.rest()
             return
         self.open_logs[run.id] = run
         self.open_logs.move_to_end(run.id)
@@ -251,6 +269,7 @@ class Runs:
             _, old = self.open_logs.popitem(last=False)
             if not old.lock.locked():  # one at work is counted again when its request ends
                 old.fenced.log.rest()
+                old.rest()
 
     def end(self, run: WireRun, why: str) -> None:
         """The run ends as its client left it (nothing more came): the last reply (in the log) is the
@@ -264,6 +283,7 @@ class Runs:
         f.finish(Stop(StopReason.FINAL_ANSWER, f"the client sent no further request ({why}): the last reply "
                       f"stands as the answer{more}", {"unanswered": unanswered}))
         self.open_logs.pop(run.id, None)
+        run.rest()
 
     async def aclose(self) -> None:
         """The proxy shuts down (SIGTERM): every run waiting on its client ends as reset ends it, so

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._json import canonical_json
-from ._view import digests, marks, view
+from ._view import digests, marks, read
 
 __all__ = ["BadRequest", "Incoming", "parse", "read_as", "tool_items", "turns", "checked_head", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
@@ -176,10 +176,13 @@ def read_as(wire: str | None, body: dict[str, Any], messages: list[dict[str, Any
     """A request of `wire` (None: Chat Completions) read as Chat Completions (`messages`, `tools`,
     `params`), with its digests: the request's own (`whole`, the body but for how it streams) and
     its view's (`_view`)."""
-    kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    whole = hashlib.sha256(canonical_json(kept if wire is None else [wire, kept]).encode(
-        "utf-8", "surrogatepass")).hexdigest()[:32]
-    seen = view(messages)
+    seen = read(messages)
+    if wire is None:  # its messages as sent (read above, the new ones only) and the rest of the body
+        rest = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "messages")}
+        whole = hashlib.sha256(f"{seen.sent}\n{canonical_json(rest)}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    else:  # another wire's body holds what its translation may leave out: all of it
+        kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        whole = hashlib.sha256(canonical_json([wire, kept]).encode("utf-8", "surrogatepass")).hexdigest()[:32]
     conv, extends = digests(messages, seen)
     opening, users, answers = marks(seen)
     return Incoming(messages, tools, params, body.get("stream") is True, include_usage, model, whole, conv, extends,
