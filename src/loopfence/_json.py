@@ -117,7 +117,18 @@ def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> 
 def wire_body(value: Any) -> bytes:
     """An HTTP request's JSON body, as httpx's `json=` writes it (compact, UTF-8, NaN and infinities
     refused with ValueError), except that a lone surrogate (a reply or a tool result may hold one) is
-    written as its JSON escape where httpx raises UnicodeEncodeError."""
+    written as its JSON escape where httpx raises UnicodeEncodeError. pydantic-core's serializer writes
+    it (a third of the stdlib's time: a proxy sends a whole conversation each request); what it refuses
+    (a lone surrogate, a type JSON lacks), or a body where it may have written NaN or an infinity, the
+    stdlib writes (or refuses) as before."""
+    if _fast_json is not None:
+        try:
+            out = _fast_json(value)
+        except Exception:  # noqa: BLE001, S110 - refused: the stdlib writes it, or says why not
+            pass
+        else:
+            if b"NaN" not in out and b"Infinity" not in out:
+                return out
     return _escape_surrogates(_WIRE.encode(value)).encode("utf-8")
 
 
@@ -166,9 +177,11 @@ _LOOSE = json.JSONDecoder(parse_int=_bounded_int)  # built once: a decoder per c
 _STRICT = json.JSONDecoder(parse_int=_bounded_int, parse_constant=_bad_constant)
 
 
-def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, strict: bool = False) -> Any:
+def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, strict: bool = False, deep: bool = True) -> Any:
     """json.loads, bounded: JsonLimitError past `max_depth` levels or MAX_INT_DIGITS digits.
-    `strict` also refuses NaN/Infinity (not JSON), so a parse means a real JSON value."""
+    `strict` also refuses NaN/Infinity (not JSON), so a parse means a real JSON value. `deep=False`
+    leaves `max_depth` to the caller (`check_depth` on the parts it has not checked before); the
+    parser's own bound (Python's recursion limit) still holds."""
     if isinstance(text, (bytes, bytearray)):
         text = text.decode("utf-8")  # a UnicodeDecodeError is a ValueError, as json.loads raises
     try:
@@ -179,7 +192,7 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, strict: bool = False
         if not text.startswith("\ufeff"):
             raise
         return loads(text[1:], max_depth=max_depth, strict=strict)  # a byte order mark (a Windows editor's)
-    if text.count("{") + text.count("[") > max_depth:  # else no value in it can nest deeper: each
+    if deep and text.count("{") + text.count("[") > max_depth:  # else no value in it can nest deeper: each
         check_depth(value, max_depth)  # level opens with a bracket (one in a string only adds)
     return value
 

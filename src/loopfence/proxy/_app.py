@@ -90,7 +90,9 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     sessions = (*SESSION_HEADERS, *(h.lower() for h in runs.settings.session_headers))
     tasks: set[asyncio.Task[Any]] = set()  # requests at work (kept from the garbage collector)
 
-    async def body_of(request: Request) -> Any:
+    async def body_of(request: Request, deep: bool = True) -> Any:
+        """The request's JSON body, weighed before it is parsed; `deep=False`: its nesting is checked
+        by its wire's parse (Chat Completions: the messages it has not seen before only)."""
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > max_body:
             raise BadRequest(f"the request body is {int(length)} bytes, over the proxy's limit of {max_body}",
@@ -109,7 +111,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         del data
         load.take(request.scope, raw)  # its weight once parsed, before it is parsed (413, 429)
         try:
-            return loads(raw, strict=True)
+            return loads(raw, strict=True, deep=deep)
         except ValueError as exc:
             raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
@@ -134,7 +136,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         None: Chat Completions)."""
         try:
             who = owner(request)
-            body = await body_of(request)
+            body = await body_of(request, deep=dialect is not None)
             incoming = (read or dialect.parse)(body) if dialect is not None else parse(body)
         except Refused as no:
             return refused(dialect, no.status, no.message, code=no.code,

@@ -19,11 +19,12 @@ import ast
 import hashlib
 import re
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .._json import canonical_json, loads  # bounded: deep nesting is a ValueError, never a RecursionError
 
-__all__ = ["flat", "calls_in_text", "read", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
+__all__ = ["flat", "calls_in_text", "read", "reading", "Read", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
            "TEXT_POLL", "TEXT_TOOLS", "TEXT_ACTION_SCHEMA"]
 
 MARKED = 8  # the assistant messages of a request, from its last, that `marks` reads
@@ -144,7 +145,7 @@ def _key(m: dict[str, Any]) -> tuple[Any, ...] | None:
     """What a plain message holds, as a key equal only for messages whose JSON is the same (the
     fields present and their string values, its calls' likewise); None for any other message (it is
     read every time)."""
-    if not _PLAIN.issuperset(m):
+    if not isinstance(m, dict) or not _PLAIN.issuperset(m):
         return None
     calls = m.get("tool_calls")
     listed: tuple[Any, ...] | None = None
@@ -168,6 +169,8 @@ def _key(m: dict[str, Any]) -> tuple[Any, ...] | None:
 
 
 _MEMO = _Memo()
+KNOWN_CHARS = 64 << 20  # the text of the conversations `_Known` keeps as their latest requests sent them, at most
+LOOK_BACK = 16  # a request is read on from a known conversation it extends by at most this many messages
 
 
 class Read(NamedTuple):
@@ -177,29 +180,137 @@ class Read(NamedTuple):
     digests: list[str]  # each item's digest (`answer_digest`)
     texts: list[str]  # each user item's text's digest ("" for the other roles)
     sent: str  # the digest of its messages as sent, every field of each
+    conv: str  # its view's digests, with and without its system messages (`digests`)
+    extends: tuple[str, ...]  # the digests of its views cut before each assistant message (`digests`)
 
 
-def read(messages: list[dict[str, Any]]) -> Read:
-    """The request's messages read: the new ones, those read before taken from the memo."""
-    out = Read([], [], [], "")
-    sent = hashlib.sha256()
-    joined = False
-    for m in messages:
+@dataclass
+class _Reading:
+    """A conversation read so far: its messages (the list as parsed), its view with each item's
+    digests, the digest of its messages as sent, the two digest chains of its view (with and without
+    its system messages) with their cuts, and what the wire's check left open (`checked`)."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    sent: Any = field(default_factory=hashlib.sha256)
+    chains: list[str] = field(default_factory=lambda: ["", ""])
+    lengths: list[int] = field(default_factory=lambda: [0, 0])
+    cuts: list[tuple[int, int, str]] = field(default_factory=list)
+    chained: int = 0  # the items the chains have taken
+    chars: int = 0
+    checked: Any = None
+
+    def go_on(self) -> _Reading:
+        """A copy to read more messages into (this one stays as it was)."""
+        return _Reading(list(self.messages), list(self.items), list(self.digests), list(self.texts), self.sent.copy(),
+                        list(self.chains), list(self.lengths), list(self.cuts), self.chained, self.chars, self.checked)
+
+    def add(self, m: dict[str, Any]) -> None:
         item, digest, text, own = _MEMO.read(m)
-        sent.update(own.encode())
-        if out.items and out.items[-1][0] == item[0]:
-            r, t, c = out.items[-1]
-            out.items[-1] = (r, f"{t} {item[1]}".strip(), c + item[2])
-            out.digests[-1] = out.texts[-1] = ""  # a joined item: its digests are made below
-            joined = True
+        self.messages.append(m)
+        self.sent.update(own.encode())
+        self.chars += len(item[1]) + 64
+        if self.items and self.items[-1][0] == item[0]:  # one role in a row: one item
+            r, t, c = self.items[-1]
+            joined = (r, f"{t} {item[1]}".strip(), c + item[2])
+            self.items[-1] = joined
+            self.digests[-1], self.texts[-1] = _digest(joined), _digest(joined[1]) if r == "user" else ""
         else:
-            out.items.append(item)
-            out.digests.append(digest)
-            out.texts.append(text)
-    for i, item in enumerate(out.items if joined else ()):
-        if not out.digests[i]:
-            out.digests[i], out.texts[i] = _digest(item), _digest(item[1]) if item[0] == "user" else ""
-    return out._replace(sent=sent.hexdigest()[:32])
+            self._chain(len(self.items))
+            self.items.append(item)
+            self.digests.append(digest)
+            self.texts.append(text)
+
+    def _chain(self, upto: int) -> None:
+        """The digest chains taken up to item `upto` (an item is chained once it can grow no more)."""
+        for i in range(self.chained, upto):
+            role = self.items[i][0]
+            for bare in (0, 1):
+                if bare and role == "system":
+                    continue
+                if role == "assistant" and self.chains[bare]:
+                    self.cuts.append((-self.lengths[bare], bare, self.chains[bare]))
+                self.chains[bare] = hashlib.sha256(f"{self.chains[bare]}\n{self.digests[i]}".encode()).hexdigest()[:32]
+                self.lengths[bare] += 1
+        self.chained = max(self.chained, upto)
+
+    def done(self) -> Read:
+        final = self.go_on()
+        final._chain(len(final.items))
+        return Read(self.items, self.digests, self.texts, self.sent.hexdigest()[:32], " ".join(final.chains),
+                    tuple(d for _, _, d in sorted(final.cuts)))
+
+
+class _Known:
+    """The conversations as their latest requests sent them (read), so that the next request of one,
+    which carries all of it again, is read from where it left off: found by its length and its last
+    message, then compared whole (in C, not message by message in Python). Bounded by the text kept
+    (`KNOWN_CHARS`), the least recently extended first out."""
+
+    def __init__(self, budget: int = KNOWN_CHARS) -> None:
+        self.budget = budget
+        self.chars = 0
+        self.kept: OrderedDict[Any, _Reading] = OrderedDict()
+
+    @staticmethod
+    def _ident(messages: list[dict[str, Any]]) -> Any:
+        last = messages[-1]
+        return len(messages), _key(last) or canonical_json(last)
+
+    def find(self, messages: list[dict[str, Any]]) -> _Reading | None:
+        """The longest known conversation `messages` begins with (at most LOOK_BACK messages shorter).
+        (Its last item is not chained yet: a next message of the same role joins it as on a fresh read.)"""
+        try:
+            return self._find(messages)
+        except (ValueError, RecursionError):  # a message no key or JSON can hold: read from the start
+            return None
+
+    def _find(self, messages: list[dict[str, Any]]) -> _Reading | None:
+        for n in range(len(messages), max(0, len(messages) - LOOK_BACK) - 1, -1):
+            if n == 0:
+                return None
+            got = self.kept.get((n, _key(messages[n - 1]) or canonical_json(messages[n - 1])))
+            if got is not None and messages[:n] == got.messages:
+                return got
+        return None
+
+    def keep(self, reading: _Reading, replaces: _Reading | None) -> None:
+        if replaces is not None:  # the conversation moved on: its shorter self is of no more use
+            old = self.kept.pop(self._ident(replaces.messages), None)
+            if old is not None:
+                self.chars -= old.chars
+        if not reading.messages:
+            return
+        key = self._ident(reading.messages)
+        old = self.kept.pop(key, None)
+        if old is not None:
+            self.chars -= old.chars
+        self.kept[key] = reading
+        self.chars += reading.chars
+        while self.chars > self.budget and self.kept:
+            self.chars -= self.kept.popitem(last=False)[1].chars
+
+
+_KNOWN = _Known()
+
+
+def reading(messages: list[dict[str, Any]]) -> tuple[_Reading | None, _Reading]:
+    """The known conversation `messages` extends (None: none), and a reading to go on with: a copy of
+    it, or a fresh one. `read(messages, ...)` finishes it."""
+    known = _KNOWN.find(messages)
+    return known, known.go_on() if known is not None else _Reading()
+
+
+def read(messages: list[dict[str, Any]], started: tuple[_Reading | None, _Reading] | None = None) -> Read:
+    """The request's messages read: from the known conversation it extends, its new messages only
+    (`reading`); else each message, those read before taken from the memo. Kept for the next."""
+    known, going = reading(messages) if started is None else started
+    for m in messages[len(going.messages):]:
+        going.add(m)
+    _KNOWN.keep(going, known)
+    return going.done()
 
 
 def view(messages: list[dict[str, Any]]) -> list[Item]:
@@ -214,18 +325,9 @@ def digests(messages: list[dict[str, Any]], seen: Read | None = None) -> tuple[s
     length with the system messages first). A request extends the run whose latest request's digest
     is one of the cuts; the cuts without system messages serve an agent that asks for its last answer
     under another system prompt (smolagents at its max_steps). `seen`: `read(messages)`, if known.
-    A view's digest chains its items' digests: one small hash per item."""
+    A view's digest chains its items' digests: one small hash per item, each made once."""
     seen = read(messages) if seen is None else seen
-    whole, cuts = [], []
-    pairs = list(zip(seen.items, seen.digests, strict=True))
-    for bare, kept in enumerate((pairs, [p for p in pairs if p[0][0] != "system"])):
-        d = ""
-        for n, (item, digest) in enumerate(kept):
-            if item[0] == "assistant" and d:
-                cuts.append((-n, bare, d))
-            d = hashlib.sha256(f"{d}\n{digest}".encode()).hexdigest()[:32]
-        whole.append(d)
-    return " ".join(whole), tuple(d for _, _, d in sorted(cuts))
+    return seen.conv, seen.extends
 
 
 def marks(seen: Read) -> tuple[str, frozenset[str], tuple[str, ...]]:

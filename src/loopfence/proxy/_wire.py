@@ -14,8 +14,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from .._json import canonical_json
-from ._view import digests, marks, read
+from .._json import MAX_DEPTH, JsonLimitError, canonical_json, check_depth
+from ._view import digests, marks, read, reading
 
 __all__ = ["BadRequest", "Incoming", "parse", "read_as", "tool_items", "turns", "checked_head", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
@@ -109,7 +109,16 @@ def parse(body: Any) -> Incoming:
     if not isinstance(tools, list):
         raise BadRequest(f"tools must be an array, got {kind(tools)}", "tools")
     _check_tools(tools)
-    _check_messages(messages)
+    started = reading(messages)  # the known conversation it extends: only its new messages are checked and read
+    going = started[1]
+    try:  # its nesting: the rest of the body, and the messages not seen before (a message sits 2 levels in)
+        check_depth({k: v for k, v in body.items() if k != "messages"})
+        for m in messages[len(going.messages):]:
+            check_depth(m, MAX_DEPTH - 2)
+    except JsonLimitError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}") from None
+    going.checked = _check_messages(messages, len(going.messages), going.checked) if going.checked is not None \
+        else _check_messages(messages)  # (one read from another wire was never checked as Chat Completions)
     _check_params(body)
     _check_choice(body.get("tool_choice"), {t["function"]["name"] for t in tools})
     options = body.get("stream_options")
@@ -118,7 +127,7 @@ def parse(body: Any) -> Incoming:
     params = {k: v for k, v in body.items() if k not in ("messages", "tools", "stream", "stream_options")}
     model = body.get("model")
     return read_as(None, body, messages, tools, params, bool(options and options.get("include_usage")),
-                   model if isinstance(model, str) else None)
+                   model if isinstance(model, str) else None, started)
 
 
 def checked_head(body: Any, *, model: bool = True, cap: str | None = None,
@@ -172,11 +181,12 @@ def tool_items(tools: Any, at: str = "tools.{}") -> list[tuple[str, dict[str, An
 
 
 def read_as(wire: str | None, body: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-            params: dict[str, Any], include_usage: bool = False, model: str | None = None) -> Incoming:
+            params: dict[str, Any], include_usage: bool = False, model: str | None = None,
+            started: Any = None) -> Incoming:
     """A request of `wire` (None: Chat Completions) read as Chat Completions (`messages`, `tools`,
     `params`), with its digests: the request's own (`whole`, the body but for how it streams) and
-    its view's (`_view`)."""
-    seen = read(messages)
+    its view's (`_view`). `started`: `_view.reading(messages)`, if already looked up."""
+    seen = read(messages, started)
     if wire is None:  # its messages as sent (read above, the new ones only) and the rest of the body
         rest = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "messages")}
         whole = hashlib.sha256(f"{seen.sent}\n{canonical_json(rest)}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -261,9 +271,12 @@ def _check_content(m: dict[str, Any], where: str, nullable: bool) -> None:
                      f"{where}.content")
 
 
-def _check_messages(messages: list[Any]) -> None:
-    open_calls: set[str] = set()  # the ids of the last assistant message's calls not answered yet
-    for i, m in enumerate(messages):
+def _check_messages(messages: list[Any], start: int = 0, open_calls: set[str] | None = None) -> set[str]:
+    """Each message from `start` checked (those before it were, in an earlier request: `open_calls`, the
+    ids of the last assistant message's calls they left unanswered). What is left open at the end."""
+    open_calls = set(open_calls or ())
+    for i in range(start, len(messages)):
+        m = messages[i]
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise BadRequest(f"{where} must be an object, got {kind(m)}", where)
@@ -285,6 +298,7 @@ def _check_messages(messages: list[Any]) -> None:
             open_calls.discard(cid)
         else:
             _check_content(m, where, nullable=False)
+    return open_calls
 
 
 def _check_calls(m: dict[str, Any], where: str) -> set[str]:

@@ -1,0 +1,143 @@
+"""The proxy reads a request's messages once (issue 62): a conversation's next request, which carries
+all of it again, is read from where the last one left off (`_view._Known`), and each message already
+read is taken from a memo (`_view._Memo`). Whatever was read before, a request reads exactly as it
+would on a fresh proxy: its view, every digest, and what its check leaves open."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loopfence.proxy import _view
+from loopfence.proxy._wire import BadRequest, parse
+
+ROLES = ["system", "user", "assistant", "tool", "developer"]
+
+
+def _message(draw: Any, i: int) -> dict[str, Any]:
+    role = draw(st.sampled_from(ROLES))
+    text = draw(st.sampled_from(["", "hi", "hi  there", "Calling tools:\n[{'id': 'c0', 'type': 'function', "
+                                 "'function': {'name': 'f', 'arguments': '{}'}}]", f"text {i}", "ok"]))
+    m: dict[str, Any] = {"role": role}
+    shape = draw(st.sampled_from(["str", "parts", "none", "absent"]))
+    if shape == "str":
+        m["content"] = text
+    elif shape == "parts":
+        m["content"] = [{"type": "text", "text": text}, {"type": "text", "text": "more"}]
+    elif shape == "none":
+        m["content"] = None
+    if role == "assistant" and draw(st.booleans()):
+        m["tool_calls"] = [{"id": f"c{i}-{k}", "type": "function",
+                            "function": {"name": draw(st.sampled_from(["f", "g"])),
+                                         "arguments": draw(st.sampled_from(['{"a": 1}', '{ "a":1 }', "{}", "bad"]))}}
+                           for k in range(draw(st.integers(1, 2)))]
+    if role == "tool":
+        m["tool_call_id"] = draw(st.sampled_from(["c0-0", f"c{i}-0", "x"]))
+    if draw(st.integers(0, 9)) == 0:
+        m["name"] = "someone"
+    return m
+
+
+@st.composite
+def requests(draw: Any) -> list[list[dict[str, Any]]]:
+    """A sequence of requests: conversations that grow, branch, come again (retries), or start anew;
+    each a fresh parse (new objects, as a request's body is)."""
+    pool: list[list[dict[str, Any]]] = []
+    out = []
+    for step in range(draw(st.integers(1, 12))):
+        base = draw(st.sampled_from(pool)) if pool and draw(st.integers(0, 3)) else []
+        cut = draw(st.integers(0, len(base))) if base and draw(st.integers(0, 4)) == 0 else len(base)
+        grown = base[:cut] + [_message(draw, step * 10 + k) for k in range(draw(st.integers(0 if base else 1, 4)))]
+        pool.append(grown)
+        out.append(copy.deepcopy(grown))
+    return out
+
+
+def _reference(messages: list[dict[str, Any]]) -> _view.Read:
+    """The request read as the definition says, plainly: each message's view, consecutive ones of
+    one role joined; each item digested; the view's two chains (with and without system messages)
+    and their cuts before each assistant item; the messages' own digests, in order."""
+    items: list[Any] = []
+    for m in messages:
+        it = _view._item(m)
+        if items and items[-1][0] == it[0]:
+            items[-1] = (it[0], f"{items[-1][1]} {it[1]}".strip(), items[-1][2] + it[2])
+        else:
+            items.append(it)
+    digests = [_view._digest(i) for i in items]
+    whole, cuts = [], []
+    for bare, kept in enumerate((list(zip(items, digests)), [(i, d) for i, d in zip(items, digests) if i[0] != "system"])):
+        d = ""
+        for n, (item, digest) in enumerate(kept):
+            if item[0] == "assistant" and d:
+                cuts.append((-n, bare, d))
+            d = hashlib.sha256(f"{d}\n{digest}".encode()).hexdigest()[:32]
+        whole.append(d)
+    sent = hashlib.sha256("".join(_view._digest(m) for m in messages).encode()).hexdigest()[:32]
+    return _view.Read(items, digests, [_view._digest(i[1]) if i[0] == "user" else "" for i in items], sent,
+                      " ".join(whole), tuple(d for _, _, d in sorted(cuts)))
+
+
+def _fresh(messages: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> _view.Read:
+    with monkeypatch.context() as m:
+        m.setattr(_view, "_MEMO", _view._Memo())
+        m.setattr(_view, "_KNOWN", _view._Known())
+        return _view.read(copy.deepcopy(messages))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests(), st.integers(1, 6))
+def test_a_request_reads_as_on_a_fresh_proxy(monkeypatch: pytest.MonkeyPatch, seq: list[list[dict[str, Any]]],
+                                             budget: int) -> None:
+    monkeypatch.setattr(_view, "_MEMO", _view._Memo(budget * 40))  # small: entries are evicted mid-way
+    monkeypatch.setattr(_view, "_KNOWN", _view._Known(budget * 60))
+    for messages in seq:
+        got = _view.read(messages)
+        assert got == _fresh(messages, monkeypatch)
+        assert got == _reference(messages)
+
+
+def _chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": "m", "messages": copy.deepcopy(messages)}
+
+
+def test_a_known_conversation_checks_its_new_messages_against_what_it_left_open() -> None:
+    """The check goes on from the known part: a tool result for a call the known part's last reply
+    asked for passes; one answering nothing, or twice, is refused as on a fresh read."""
+    start = [{"role": "user", "content": "go (a check test)"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "k1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    parse(_chat(start))
+    parse(_chat([*start, {"role": "tool", "tool_call_id": "k1", "content": "ok"}]))
+    with pytest.raises(BadRequest, match="answers no tool call"):
+        parse(_chat([*start, {"role": "tool", "tool_call_id": "k9", "content": "ok"}]))
+    with pytest.raises(BadRequest, match="answers no tool call"):
+        parse(_chat([*start, {"role": "tool", "tool_call_id": "k1", "content": "ok"},
+                     {"role": "tool", "tool_call_id": "k1", "content": "again"}]))
+
+
+def test_a_known_conversation_still_has_its_new_messages_depth_checked() -> None:
+    start = [{"role": "user", "content": "go (a depth test)"}, {"role": "assistant", "content": "ok"}]
+    parse(_chat(start))
+    deep: Any = "x"
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises(BadRequest, match="levels deep"):
+        parse(_chat([*start, {"role": "user", "content": deep}]))
+
+
+def test_the_memos_stay_within_their_budgets() -> None:
+    memo, known = _view._Memo(10_000), _view._Known(10_000)
+    for i in range(300):
+        m = {"role": "user", "content": f"{i} " + "x" * 500}
+        memo.read(m)
+        reading = _view._Reading()
+        reading.add(m)
+        known.keep(reading, None)
+        assert memo.chars <= 10_000 and known.chars <= 10_000
+    assert 0 < len(memo.kept) < 300 and 0 < len(known.kept) < 300
