@@ -365,7 +365,8 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
         try:
             servers["bare pass-through (Starlette + uvicorn + httpx)"] = Child(_module("passthrough", upstream.url))
             servers["loopfence proxy"] = Child([sys.executable, "-m", "loopfence", "proxy", "--upstream", upstream.url,
-                                                "--port", "0", "--logs", str(tmp / "logs")])
+                                                "--port", "0", "--logs", str(tmp / "logs"),  # 100 conversations at
+                                                "--max-concurrent", str(2 * cfg["concurrent"])])  # once, below
             litellm: Child | str = "skipped in --quick" if quick else _litellm(upstream.url, tmp)
             servers["LiteLLM proxy"] = litellm
             first = 0
