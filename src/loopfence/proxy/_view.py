@@ -92,7 +92,8 @@ def _role(m: dict[str, Any]) -> str:
 
 
 Item = tuple[str, str, tuple[tuple[str, str], ...]]  # a message's view: (role, text, calls (name, arguments))
-MEMO_CHARS = 64 << 20  # the message text the memo of read messages keeps, at most (the least recently read go first)
+MEMO_CHARS = 32 << 20  # the memo of read messages: its text and a message's objects (ENTRY) at most, oldest out
+ENTRY = 640  # what one message's objects take besides its text (its dict, keys, tuples, digests), about
 
 
 def _item(m: dict[str, Any]) -> Item:
@@ -128,7 +129,7 @@ class _Memo:
         item = _item(m)
         made = (item, _digest(item), _digest(item[1]) if item[0] == "user" else "", _digest(m))
         if key is not None:
-            size = len(key[2] or "") + sum(len(c[5] or "") for c in key[3] or ()) + 64
+            size = len(key[2] or "") + sum(len(c[5] or "") for c in key[3] or ()) + ENTRY
             self.kept[key] = (*made, size)
             self.chars += size
             while self.chars > self.budget and self.kept:
@@ -169,7 +170,7 @@ def _key(m: dict[str, Any]) -> tuple[Any, ...] | None:
 
 
 _MEMO = _Memo()
-KNOWN_CHARS = 64 << 20  # the text of the conversations `_Known` keeps as their latest requests sent them, at most
+KNOWN_CHARS = 32 << 20  # the conversations `_Known` keeps (their text and ENTRY a message), at most
 LOOK_BACK = 16  # a request is read on from a known conversation it extends by at most this many messages
 
 
@@ -211,7 +212,7 @@ class _Reading:
         item, digest, text, own = _MEMO.read(m)
         self.messages.append(m)
         self.sent.update(own.encode())
-        self.chars += len(item[1]) + 64
+        self.chars += len(item[1]) + ENTRY
         if self.items and self.items[-1][0] == item[0]:  # one role in a row: one item
             r, t, c = self.items[-1]
             joined = (r, f"{t} {item[1]}".strip(), c + item[2])
