@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loopfence._json import canonical_json
 from loopfence.proxy import _view
 from loopfence.proxy._wire import BadRequest, parse
 
@@ -61,26 +62,26 @@ def requests(draw: Any) -> list[list[dict[str, Any]]]:
 def _reference(messages: list[dict[str, Any]]) -> _view.Read:
     """The request read as the definition says, plainly: each message's view, consecutive ones of
     one role joined; each item digested; the view's two chains (with and without system messages)
-    and their cuts before each assistant item; the messages' own digests, in order."""
+    over the items' canonical JSON, and their cuts before each assistant item."""
     items: list[Any] = []
     for m in messages:
-        it = _view._item(m)
+        it = _view.item_of(m)
         if items and items[-1][0] == it[0]:
             items[-1] = (it[0], f"{items[-1][1]} {it[1]}".strip(), items[-1][2] + it[2])
         else:
             items.append(it)
-    digests = [_view._digest(i) for i in items]
     whole, cuts = [], []
-    for bare, kept in enumerate((list(zip(items, digests)), [(i, d) for i, d in zip(items, digests) if i[0] != "system"])):
+    for bare, kept in enumerate((items, [i for i in items if i[0] != "system"])):
         d = ""
-        for n, (item, digest) in enumerate(kept):
+        for n, item in enumerate(kept):
             if item[0] == "assistant" and d:
                 cuts.append((-n, bare, d))
-            d = hashlib.sha256(f"{d}\n{digest}".encode()).hexdigest()[:32]
+            d = hashlib.sha256(f"{d}\n{canonical_json(item)}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
         whole.append(d)
-    sent = hashlib.sha256("".join(_view._digest(m) for m in messages).encode()).hexdigest()[:32]
-    return _view.Read(items, digests, [_view._digest(i[1]) if i[0] == "user" else "" for i in items], sent,
-                      " ".join(whole), tuple(d for _, _, d in sorted(cuts)))
+    return _view.Read(tuple(items), tuple(_view._digest(i) for i in items),
+                      tuple(_view._digest(i[1]) if i[0] == "user" else "" for i in items),
+                      tuple(canonical_json(m) for m in messages), " ".join(whole),
+                      tuple(d for _, _, d in sorted(cuts)))
 
 
 def _fresh(messages: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> _view.Read:
@@ -140,4 +141,39 @@ def test_the_memos_stay_within_their_budgets() -> None:
         reading.add(m)
         known.keep(reading, None)
         assert memo.chars <= 10_000 and known.chars <= 10_000
+        assert memo.chars == sum(e.size for e in memo.kept.values())
     assert 0 < len(memo.kept) < 300 and 0 < len(known.kept) < 300
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests(), st.dictionaries(st.sampled_from(["temperature", "max_tokens", "tools", "user", "seed"]),
+                                   st.one_of(st.integers(0, 5), st.text(max_size=3), st.lists(st.integers(0, 2)))))
+def test_a_requests_own_digest_is_the_canonical_body_s(seq: list[list[dict[str, Any]]], rest: dict[str, Any]) -> None:
+    """The digest that tells a retry (`whole`) is the one a canonical dump of the body gives (as
+    before the reading was made incremental: replicas of two versions on one store agree)."""
+    from loopfence.proxy._wire import read_as
+
+    for messages in seq:
+        body = {"model": "m", "messages": messages, "stream": True, **rest}
+        kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        expected = hashlib.sha256(canonical_json(kept).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        assert read_as(None, body, messages, [], {}).whole == expected
+
+
+def test_a_run_of_one_role_is_joined_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4,096 user messages in a row (a valid body): joined and digested once, not once per message
+    (which hashed n^2/2 messages' text). Counted in characters digested, not timed."""
+    digested = [0]
+    plain = _view._digest
+
+    def counting(value: Any) -> str:
+        digested[0] += len(canonical_json(value))
+        return plain(value)
+
+    monkeypatch.setattr(_view, "_digest", counting)
+    monkeypatch.setattr(_view, "_MEMO", _view._Memo())
+    monkeypatch.setattr(_view, "_KNOWN", _view._Known())
+    messages = [{"role": "user", "content": f"{i} " + "x" * 1000} for i in range(4096)]
+    got = _view.read(messages)
+    assert len(got.items) == 1 and got.items[0][1].startswith("0 x")
+    assert digested[0] < 8 * sum(len(m["content"]) for m in messages), digested[0]

@@ -64,7 +64,7 @@ from ..tools._registry import ToolKind
 from ._answer import WIRE_EXTRA, Answer
 from ._upstream import DIALECTS, Relay, Upstream
 from ._view import (TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, action_of, answer_digest, call_ids_in, flat,
-                    program_of, task_marks, view)
+                    item_of, program_of, task_marks)
 from ._wire import BadRequest, Incoming
 
 __all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "RETRY_S", "FRAMEWORK", "NOTES", "keyed", "opening", "precheck",
@@ -138,7 +138,7 @@ class WireRun:
         closed with its log (`rest`) or once the run has ended."""
         if self.notes is None:
             return
-        text = json.dumps(fields, ensure_ascii=False) + "\n"
+        text = json.dumps(fields) + "\n"  # ASCII: a lone surrogate in an answer is its escape
         if self.fenced.finished:  # nothing more will come
             self.rest()
             with self.notes.open("a", encoding="utf-8") as out:
@@ -277,6 +277,7 @@ class Runs:
         `_stops.left_by_client`)."""
         f = run.fenced
         if f.finished:
+            run.rest()
             return
         unanswered = [c.call.id for c in f.turn.calls] if f.turn is not None else []
         more = f"; no result recorded for {', '.join(unanswered)}" if unanswered else ""
@@ -376,6 +377,7 @@ class Runs:
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # retrieved: a retry may never come
+            self.hold_open(run)  # its files counted (or closed) as after any request
             raise
         fut.set_result(made)
         run.answered, run.delivered = time.monotonic(), False
@@ -422,10 +424,8 @@ class Runs:
     def gave(self, run: WireRun, made: Answer) -> None:
         """The run gave this answer: a request that brings it back under the run's opening is the
         run's (`brings_back`; the last MAX_GIVEN answers are kept)."""
-        seen = view([made.message])
-        if seen:
-            run.given.append(answer_digest(seen[0]))
-            del run.given[:-MAX_GIVEN]
+        run.given.append(answer_digest(item_of(made.message)))  # (not read: no conversation to keep)
+        del run.given[:-MAX_GIVEN]
 
     def _placed_before(self, incoming: Incoming, owner: str | None) -> bool:
         """Whether a request that continues no open run continues one that ended (a follow-up after a

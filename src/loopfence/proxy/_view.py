@@ -18,13 +18,14 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .._json import canonical_json, loads  # bounded: deep nesting is a ValueError, never a RecursionError
 
-__all__ = ["flat", "calls_in_text", "read", "reading", "Read", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
+__all__ = ["flat", "calls_in_text", "item_of", "read", "reading", "Read", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
            "TEXT_POLL", "TEXT_TOOLS", "TEXT_ACTION_SCHEMA"]
 
 MARKED = 8  # the assistant messages of a request, from its last, that `marks` reads
@@ -92,11 +93,11 @@ def _role(m: dict[str, Any]) -> str:
 
 
 Item = tuple[str, str, tuple[tuple[str, str], ...]]  # a message's view: (role, text, calls (name, arguments))
-MEMO_CHARS = 32 << 20  # the memo of read messages: its text and a message's objects (ENTRY) at most, oldest out
-ENTRY = 640  # what one message's objects take besides its text (its dict, keys, tuples, digests), about
+MEMO_BYTES = 32 << 20  # the memo of read messages: what it keeps, at most (about), the least recently read out
+ENTRY = 640  # what one message read takes besides its strings (tuples, digests), about
 
 
-def _item(m: dict[str, Any]) -> Item:
+def item_of(m: dict[str, Any]) -> Item:
     """One message's view (before consecutive messages of one role are joined)."""
     text = flat(m.get("content"))
     calls = [(c.get("function", {}).get("name") or "", _args(c.get("function", {}).get("arguments")))
@@ -107,34 +108,57 @@ def _item(m: dict[str, Any]) -> Item:
     return _role(m), _SPACE.sub(" ", text).strip(), tuple(calls)
 
 
-class _Memo:
-    """The messages already read, by what they hold: each one's view item, its digest and the digest
-    of the message itself. A conversation's every request carries its whole history, so without this
-    each request would read every message again; with it, a request reads only what is new. Bounded
-    by the text it keeps (`MEMO_CHARS`), least recently read first out."""
+class Seen(NamedTuple):
+    """One message read: its view item (before a run of one role is joined), the item's digest, its
+    text's digest (a user message's; else ""), the message's canonical JSON (every field) and what
+    keeping all this takes (bytes, about)."""
 
-    def __init__(self, budget: int = MEMO_CHARS) -> None:
+    item: Item
+    digest: str
+    text: str
+    canon: str
+    size: int
+
+
+class _Memo:
+    """The messages already read, by what they hold (`Seen`). A conversation's every request carries
+    its whole history, so without this each request would read every message again; with it, a
+    request reads only what is new. Bounded by what it keeps (`MEMO_BYTES`, the sizes of its strings
+    and ENTRY a message), least recently read first out."""
+
+    def __init__(self, budget: int = MEMO_BYTES) -> None:
         self.budget = budget
         self.chars = 0
-        self.kept: OrderedDict[Any, tuple[Item, str, str, str, int]] = OrderedDict()
+        self.kept: OrderedDict[Any, Seen] = OrderedDict()
 
-    def read(self, m: dict[str, Any]) -> tuple[Item, str, str, str]:
-        """(the message's view item, the item's digest, its text's digest (a user message's; else
-        ""), the message's own digest: all its fields)."""
+    def read(self, m: dict[str, Any]) -> Seen:
         key = _key(m)
         found = self.kept.get(key) if key is not None else None
         if found is not None:
             self.kept.move_to_end(key)
-            return found[:4]
-        item = _item(m)
-        made = (item, _digest(item), _digest(item[1]) if item[0] == "user" else "", _digest(m))
+            return found
+        seen = _seen(m)
         if key is not None:
-            size = len(key[2] or "") + sum(len(c[5] or "") for c in key[3] or ()) + ENTRY
-            self.kept[key] = (*made, size)
-            self.chars += size
+            self.kept[key] = seen._replace(size=seen.size + sum(sys.getsizeof(v) for v in _leaves(key)))
+            self.chars += self.kept[key].size
             while self.chars > self.budget and self.kept:
-                self.chars -= self.kept.popitem(last=False)[1][4]
-        return made
+                self.chars -= self.kept.popitem(last=False)[1].size
+        return seen
+
+
+def _seen(m: Any) -> Seen:
+    item = item_of(m)
+    canon = canonical_json(m)
+    size = sys.getsizeof(canon) + sys.getsizeof(item[1]) + sum(sys.getsizeof(a) for _, a in item[2]) + ENTRY
+    return Seen(item, _digest(item), _digest(item[1]) if item[0] == "user" else "", canon, size)
+
+
+def _leaves(value: Any) -> Any:
+    if isinstance(value, tuple):
+        for v in value:
+            yield from _leaves(v)
+    else:
+        yield value
 
 
 _PLAIN = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
@@ -170,144 +194,160 @@ def _key(m: dict[str, Any]) -> tuple[Any, ...] | None:
 
 
 _MEMO = _Memo()
-KNOWN_CHARS = 32 << 20  # the conversations `_Known` keeps (their text and ENTRY a message), at most
+KNOWN_BYTES = 32 << 20  # the conversations `_Known` keeps (their messages parsed, and read), at most, about
+PARSED = 3  # a message parsed takes about this many times its canonical JSON (its dicts and strings)
 LOOK_BACK = 16  # a request is read on from a known conversation it extends by at most this many messages
 
 
 class Read(NamedTuple):
     """A request's messages read (`read`)."""
 
-    items: list[Item]  # its view (`view`)
-    digests: list[str]  # each item's digest (`answer_digest`)
-    texts: list[str]  # each user item's text's digest ("" for the other roles)
-    sent: str  # the digest of its messages as sent, every field of each
+    items: tuple[Item, ...]  # its view (`view`)
+    digests: tuple[str, ...]  # each item's digest (`answer_digest`)
+    texts: tuple[str, ...]  # each user item's text's digest ("" for the other roles)
+    canons: tuple[str, ...]  # each message's canonical JSON
     conv: str  # its view's digests, with and without its system messages (`digests`)
     extends: tuple[str, ...]  # the digests of its views cut before each assistant message (`digests`)
 
 
 @dataclass
 class _Reading:
-    """A conversation read so far: its messages (the list as parsed), its view with each item's
-    digests, the digest of its messages as sent, the two digest chains of its view (with and without
-    its system messages) with their cuts, and what the wire's check left open (`checked`)."""
+    """A conversation read so far: its messages (the list as parsed) and each one's canonical JSON,
+    its view's closed items with their digests, the item still open (a run of one role: the messages
+    `open` of it), the two digest chains of its view (with and without its system messages) with their
+    cuts, and what the wire's check left open (`checked`; None: not checked as Chat Completions)."""
 
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[Any] = field(default_factory=list)
+    canons: list[str] = field(default_factory=list)
+    loose: list[int] = field(default_factory=list)  # the messages no key holds (compared by canonical JSON)
     items: list[Item] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    sent: Any = field(default_factory=hashlib.sha256)
+    open: list[Seen] = field(default_factory=list)
     chains: list[str] = field(default_factory=lambda: ["", ""])
     lengths: list[int] = field(default_factory=lambda: [0, 0])
     cuts: list[tuple[int, int, str]] = field(default_factory=list)
-    chained: int = 0  # the items the chains have taken
-    chars: int = 0
+    size: int = 0
     checked: Any = None
 
     def go_on(self) -> _Reading:
         """A copy to read more messages into (this one stays as it was)."""
-        return _Reading(list(self.messages), list(self.items), list(self.digests), list(self.texts), self.sent.copy(),
-                        list(self.chains), list(self.lengths), list(self.cuts), self.chained, self.chars, self.checked)
+        return _Reading(list(self.messages), list(self.canons), list(self.loose), list(self.items), list(self.digests),
+                        list(self.texts), list(self.open), list(self.chains), list(self.lengths), list(self.cuts),
+                        self.size, self.checked)
 
-    def add(self, m: dict[str, Any]) -> None:
-        item, digest, text, own = _MEMO.read(m)
+    def add(self, m: Any) -> None:
+        seen = _MEMO.read(m)
+        if _key(m) is None:
+            self.loose.append(len(self.messages))
         self.messages.append(m)
-        self.sent.update(own.encode())
-        self.chars += len(item[1]) + ENTRY
-        if self.items and self.items[-1][0] == item[0]:  # one role in a row: one item
-            r, t, c = self.items[-1]
-            joined = (r, f"{t} {item[1]}".strip(), c + item[2])
-            self.items[-1] = joined
-            self.digests[-1], self.texts[-1] = _digest(joined), _digest(joined[1]) if r == "user" else ""
-        else:
-            self._chain(len(self.items))
-            self.items.append(item)
-            self.digests.append(digest)
-            self.texts.append(text)
+        self.canons.append(seen.canon)
+        self.size += seen.size + PARSED * len(seen.canon)
+        if self.open and self.open[0].item[0] != seen.item[0]:
+            self._close()
+        self.open.append(seen)
 
-    def _chain(self, upto: int) -> None:
-        """The digest chains taken up to item `upto` (an item is chained once it can grow no more)."""
-        for i in range(self.chained, upto):
-            role = self.items[i][0]
-            for bare in (0, 1):
-                if bare and role == "system":
-                    continue
-                if role == "assistant" and self.chains[bare]:
-                    self.cuts.append((-self.lengths[bare], bare, self.chains[bare]))
-                self.chains[bare] = hashlib.sha256(f"{self.chains[bare]}\n{self.digests[i]}".encode()).hexdigest()[:32]
-                self.lengths[bare] += 1
-        self.chained = max(self.chained, upto)
+    def _close(self) -> None:
+        """The open item closed (a message of another role came): joined once, digested, chained."""
+        item, digest, text = _joined(self.open)
+        self.open = []
+        self.items.append(item)
+        self.digests.append(digest)
+        self.texts.append(text)
+        self._chain(item)
+
+    def _chain(self, item: Item) -> None:
+        role = item[0]
+        for bare in (0, 1):
+            if bare and role == "system":
+                continue
+            if role == "assistant" and self.chains[bare]:
+                self.cuts.append((-self.lengths[bare], bare, self.chains[bare]))
+            self.chains[bare] = hashlib.sha256(f"{self.chains[bare]}\n{canonical_json(item)}".encode(
+                "utf-8", "surrogatepass")).hexdigest()[:32]
+            self.lengths[bare] += 1
 
     def done(self) -> Read:
         final = self.go_on()
-        final._chain(len(final.items))
-        return Read(self.items, self.digests, self.texts, self.sent.hexdigest()[:32], " ".join(final.chains),
-                    tuple(d for _, _, d in sorted(final.cuts)))
+        if final.open:
+            final._close()
+        return Read(tuple(final.items), tuple(final.digests), tuple(final.texts), tuple(final.canons),
+                    " ".join(final.chains), tuple(d for _, _, d in sorted(final.cuts)))
+
+
+def _joined(run: list[Seen]) -> tuple[Item, str, str]:
+    """A run of one role's messages as one item, with its digests (one message: as the memo has it)."""
+    if len(run) == 1:
+        return run[0].item, run[0].digest, run[0].text
+    role = run[0].item[0]
+    item = (role, " ".join(s.item[1] for s in run if s.item[1]), tuple(c for s in run for c in s.item[2]))
+    return item, _digest(item), _digest(item[1]) if role == "user" else ""
 
 
 class _Known:
     """The conversations as their latest requests sent them (read), so that the next request of one,
     which carries all of it again, is read from where it left off: found by its length and its last
-    message, then compared whole (in C, not message by message in Python). Bounded by the text kept
-    (`KNOWN_CHARS`), the least recently extended first out."""
+    message, then compared whole (in C, not message by message in Python; a message no key holds by
+    its canonical JSON, which tells `true` from `1`). Bounded (`KNOWN_BYTES`), the least recently
+    extended first out."""
 
-    def __init__(self, budget: int = KNOWN_CHARS) -> None:
+    def __init__(self, budget: int = KNOWN_BYTES) -> None:
         self.budget = budget
         self.chars = 0
         self.kept: OrderedDict[Any, _Reading] = OrderedDict()
 
     @staticmethod
-    def _ident(messages: list[dict[str, Any]]) -> Any:
-        last = messages[-1]
-        return len(messages), _key(last) or canonical_json(last)
+    def _ident(messages: list[Any], n: int) -> Any:
+        return n, _key(messages[n - 1]) or canonical_json(messages[n - 1])
 
-    def find(self, messages: list[dict[str, Any]]) -> _Reading | None:
-        """The longest known conversation `messages` begins with (at most LOOK_BACK messages shorter).
-        (Its last item is not chained yet: a next message of the same role joins it as on a fresh read.)"""
+    def find(self, messages: list[Any]) -> _Reading | None:
+        """The longest known conversation `messages` begins with (at most LOOK_BACK messages shorter)."""
         try:
-            return self._find(messages)
-        except (ValueError, RecursionError):  # a message no key or JSON can hold: read from the start
+            for n in range(len(messages), max(0, len(messages) - LOOK_BACK), -1):
+                got = self.kept.get(self._ident(messages, n))
+                if got is not None and messages[:n] == got.messages and \
+                        all(canonical_json(messages[i]) == got.canons[i] for i in got.loose):
+                    return got
+        except (ValueError, RecursionError, TypeError):  # a message no key or JSON can hold: read from the start
             return None
-
-    def _find(self, messages: list[dict[str, Any]]) -> _Reading | None:
-        for n in range(len(messages), max(0, len(messages) - LOOK_BACK) - 1, -1):
-            if n == 0:
-                return None
-            got = self.kept.get((n, _key(messages[n - 1]) or canonical_json(messages[n - 1])))
-            if got is not None and messages[:n] == got.messages:
-                return got
         return None
 
     def keep(self, reading: _Reading, replaces: _Reading | None) -> None:
-        if replaces is not None:  # the conversation moved on: its shorter self is of no more use
-            old = self.kept.pop(self._ident(replaces.messages), None)
-            if old is not None:
-                self.chars -= old.chars
+        if replaces is not None and replaces.messages:  # the conversation moved on: its shorter self is of no use
+            key = self._ident(replaces.messages, len(replaces.messages))
+            if self.kept.get(key) is replaces:
+                self.chars -= self.kept.pop(key).size
         if not reading.messages:
             return
-        key = self._ident(reading.messages)
+        key = self._ident(reading.messages, len(reading.messages))
         old = self.kept.pop(key, None)
         if old is not None:
-            self.chars -= old.chars
+            self.chars -= old.size
+        if reading.size > self.budget:
+            return
         self.kept[key] = reading
-        self.chars += reading.chars
+        self.chars += reading.size
         while self.chars > self.budget and self.kept:
-            self.chars -= self.kept.popitem(last=False)[1].chars
+            self.chars -= self.kept.popitem(last=False)[1].size
 
 
 _KNOWN = _Known()
 
 
-def reading(messages: list[dict[str, Any]]) -> tuple[_Reading | None, _Reading]:
+def reading(messages: list[Any]) -> tuple[_Reading | None, _Reading]:
     """The known conversation `messages` extends (None: none), and a reading to go on with: a copy of
     it, or a fresh one. `read(messages, ...)` finishes it."""
     known = _KNOWN.find(messages)
     return known, known.go_on() if known is not None else _Reading()
 
 
-def read(messages: list[dict[str, Any]], started: tuple[_Reading | None, _Reading] | None = None) -> Read:
+def read(messages: list[Any], started: tuple[_Reading | None, _Reading] | None = None) -> Read:
     """The request's messages read: from the known conversation it extends, its new messages only
-    (`reading`); else each message, those read before taken from the memo. Kept for the next."""
+    (`reading`); else each message, those read before taken from the memo. Kept for the next. With
+    `started` from the wire's parse, its check goes with it; without, what was added is unchecked."""
     known, going = reading(messages) if started is None else started
+    if started is None and len(messages) > len(going.messages):
+        going.checked = None
     for m in messages[len(going.messages):]:
         going.add(m)
     _KNOWN.keep(going, known)
@@ -317,7 +357,7 @@ def read(messages: list[dict[str, Any]], started: tuple[_Reading | None, _Readin
 def view(messages: list[dict[str, Any]]) -> list[Item]:
     """Each message as (role, text, calls (name, arguments)), whitespace collapsed; consecutive
     messages of one role are one."""
-    return read(messages).items
+    return list(read(messages).items)
 
 
 def digests(messages: list[dict[str, Any]], seen: Read | None = None) -> tuple[str, tuple[str, ...]]:

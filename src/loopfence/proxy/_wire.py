@@ -187,12 +187,13 @@ def read_as(wire: str | None, body: dict[str, Any], messages: list[dict[str, Any
     `params`), with its digests: the request's own (`whole`, the body but for how it streams) and
     its view's (`_view`). `started`: `_view.reading(messages)`, if already looked up."""
     seen = read(messages, started)
-    if wire is None:  # its messages as sent (read above, the new ones only) and the rest of the body
-        rest = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "messages")}
-        whole = hashlib.sha256(f"{seen.sent}\n{canonical_json(rest)}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    if wire is None:  # the body's canonical JSON, its messages' as read (each message's made once)
+        text = "{" + ",".join(f"{canonical_json(k)}:" + ("[" + ",".join(seen.canons) + "]" if k == "messages"
+                                                            else canonical_json(kept[k])) for k in sorted(kept)) + "}"
     else:  # another wire's body holds what its translation may leave out: all of it
-        kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-        whole = hashlib.sha256(canonical_json([wire, kept]).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        text = canonical_json([wire, kept])
+    whole = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     conv, extends = digests(messages, seen)
     opening, users, answers = marks(seen)
     return Incoming(messages, tools, params, body.get("stream") is True, include_usage, model, whole, conv, extends,
@@ -281,7 +282,7 @@ def _check_messages(messages: list[Any], start: int = 0, open_calls: set[str] | 
         if not isinstance(m, dict):
             raise BadRequest(f"{where} must be an object, got {kind(m)}", where)
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise BadRequest(f"{where}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}"[:300],
                              f"{where}.role")
         if role == "assistant":
