@@ -136,7 +136,7 @@ def test_the_memos_stay_within_their_budgets() -> None:
     memo, known = _view._Memo(10_000), _view._Known(10_000)
     for i in range(300):
         m = {"role": "user", "content": f"{i} " + "x" * 500}
-        memo.read(m)
+        memo.read(m, _view._key(m))
         reading = _view._Reading()
         reading.add(m)
         known.keep(reading, None)

@@ -131,8 +131,8 @@ class _Memo:
         self.chars = 0
         self.kept: OrderedDict[Any, Seen] = OrderedDict()
 
-    def read(self, m: dict[str, Any]) -> Seen:
-        key = _key(m)
+    def read(self, m: dict[str, Any], key: Any) -> Seen:
+        """`m` read, or as read before (`key`: `_key(m)`; None: read every time)."""
         found = self.kept.get(key) if key is not None else None
         if found is not None:
             self.kept.move_to_end(key)
@@ -237,8 +237,9 @@ class _Reading:
                         self.size, self.checked)
 
     def add(self, m: Any) -> None:
-        seen = _MEMO.read(m)
-        if _key(m) is None:
+        key = _key(m)
+        seen = _MEMO.read(m, key)
+        if key is None:
             self.loose.append(len(self.messages))
         self.messages.append(m)
         self.canons.append(seen.canon)
