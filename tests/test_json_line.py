@@ -100,3 +100,52 @@ def test_loads_refuses_exactly_what_nests_deeper_than_its_limit(value: object, l
             loads(text, max_depth=limit)
     else:
         assert _same(loads(text, max_depth=limit), json.loads(text))
+
+
+_numbers_and_text = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10**1100), max_value=10**1100) |
+    st.floats(allow_nan=True) | st.sampled_from([1e308 * 10, "\ud800", "\ufeff", "a\x00b"]) | _text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_numbers_and_text, st.booleans(), st.sampled_from(["", "\ufeff", " "]), st.booleans(), st.booleans())
+def test_the_fast_parse_reads_what_the_stdlib_reads_and_leaves_no_bound(value: object, strict: bool, lead: str,
+                                                                      ascii: bool, as_bytes: bool) -> None:
+    """`loads(deep=False)` (pydantic-core's parser, the stdlib's behind it) gives the stdlib's value
+    for any text, refuses what it refuses (NaN when strict), and leaves no bound unchecked: with
+    `check_depth` after it, an integer past MAX_INT_DIGITS digits is refused as `loads` refuses it."""
+    from loopfence._json import check_depth
+
+    text = lead + json.dumps(value, ensure_ascii=ascii)
+    data: str | bytes = text
+    if as_bytes:
+        try:
+            data = text.encode("utf-8")  # (a body's bytes; a lone surrogate cannot be UTF-8: read as text)
+        except UnicodeEncodeError:
+            pass
+    try:
+        expected = loads(data, strict=strict, max_depth=10_000)
+    except ValueError as exc:
+        with pytest.raises(ValueError) as refused:
+            check_depth(loads(data, strict=strict, deep=False), 10_000)
+        assert type(refused.value) is type(exc)  # (the limit's message may name another of the long integers)
+        assert str(refused.value).split(" with ")[0] == str(exc).split(" with ")[0]
+        return
+    got = loads(data, strict=strict, deep=False)
+    assert _same(got, expected)
+    check_depth(got, 10_000)
+
+
+def test_a_long_integer_read_fast_is_still_refused_by_the_check() -> None:
+    from loopfence._json import MAX_INT_DIGITS, check_depth
+
+    for digits in (MAX_INT_DIGITS + 1, 4_300, 5_000):
+        got = loads('{"n": [' + "9" * (digits - 1) + "1]}", strict=True, deep=False) if digits <= 4_300 else None
+        if got is not None:
+            with pytest.raises(JsonLimitError, match=f"an integer with {digits:,} digits"):
+                check_depth(got)
+        else:
+            with pytest.raises(JsonLimitError, match=f"an integer with {digits:,} digits"):
+                loads('{"n": ' + "1" * digits + "}", strict=True, deep=False)
+    check_depth(loads("-" + "9" * MAX_INT_DIGITS, deep=False))  # the longest allowed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from typing import Any
 
 import pytest
@@ -132,6 +133,22 @@ def test_a_known_conversation_still_has_its_new_messages_depth_checked() -> None
         parse(_chat([*start, {"role": "user", "content": deep}]))
 
 
+def test_a_long_integer_is_refused_wherever_it_is_new() -> None:
+    """The body's fast parse leaves the integers' length to the wire's check: one past the limit in a
+    new message of a known conversation, or in the rest of the body, is refused as the stdlib refused it."""
+    from loopfence._json import loads
+
+    start = [{"role": "user", "content": "go (an integer test)"}, {"role": "assistant", "content": "ok"}]
+    parse(_chat(start))
+    long = "9" * 1_001
+    for body in ({"model": "m", "messages": start, "seed": "LONG"},
+                 {"model": "m", "messages": [*start, {"role": "user", "content": [{"type": "text", "text": "x",
+                                                                                   "n": "LONG"}]}]}):
+        text = json.dumps(body).replace('"LONG"', long)
+        with pytest.raises(BadRequest, match="an integer with 1,001 digits"):
+            parse(loads(text, strict=True, deep=False))
+
+
 def test_the_memos_stay_within_their_budgets() -> None:
     memo, known = _view._Memo(10_000), _view._Known(10_000)
     for i in range(300):
@@ -145,16 +162,20 @@ def test_the_memos_stay_within_their_budgets() -> None:
     assert 0 < len(memo.kept) < 300 and 0 < len(known.kept) < 300
 
 
-@settings(max_examples=100, deadline=None)
-@given(requests(), st.dictionaries(st.sampled_from(["temperature", "max_tokens", "tools", "user", "seed"]),
-                                   st.one_of(st.integers(0, 5), st.text(max_size=3), st.lists(st.integers(0, 2)))))
-def test_a_requests_own_digest_is_the_canonical_body_s(seq: list[list[dict[str, Any]]], rest: dict[str, Any]) -> None:
+@settings(max_examples=150, deadline=None)
+@given(requests(), st.lists(st.dictionaries(
+    st.sampled_from(["temperature", "max_tokens", "tools", "user", "seed", "n", "zz", "a"]),
+    st.one_of(st.integers(0, 5), st.floats(0, 2), st.text(max_size=3), st.lists(st.integers(0, 2)))), min_size=1,
+    max_size=3))
+def test_a_requests_own_digest_is_the_canonical_body_s(seq: list[list[dict[str, Any]]],
+                                                       rests: list[dict[str, Any]]) -> None:
     """The digest that tells a retry (`whole`) is the one a canonical dump of the body gives (as
-    before the reading was made incremental: replicas of two versions on one store agree)."""
+    before the reading was made incremental: replicas of two versions on one store agree), though it
+    is hashed on from the known part's, and the rest of the body changes from one request to the next."""
     from loopfence.proxy._wire import read_as
 
-    for messages in seq:
-        body = {"model": "m", "messages": messages, "stream": True, **rest}
+    for i, messages in enumerate(seq):
+        body = {"model": "m", "messages": messages, "stream": True, **rests[i % len(rests)]}
         kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         expected = hashlib.sha256(canonical_json(kept).encode("utf-8", "surrogatepass")).hexdigest()[:32]
         assert read_as(None, body, messages, [], {}).whole == expected

@@ -15,6 +15,7 @@ replaces a repetition stop under Policy(nudge=True).
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -103,7 +104,19 @@ class Guard:
         return None
 
 
-class StepLimit(Guard):
+class _Settled(Guard):
+    """A guard whose state is its settings: a copy of the guards (the proxy's check of a reply's calls,
+    `precheck`) shares it."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Settled:
+        if type(self).__module__ == __name__:
+            return self
+        new = copy.copy(self)  # a subclass from elsewhere may hold state: copied whole, as deepcopy would
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+
+class StepLimit(_Settled):
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
 
@@ -115,7 +128,7 @@ class StepLimit(Guard):
         return None
 
 
-class ToolCallLimit(Guard):
+class ToolCallLimit(_Settled):
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
 
@@ -128,7 +141,7 @@ class ToolCallLimit(Guard):
         return None
 
 
-class PromptTokenLimit(Guard):
+class PromptTokenLimit(_Settled):
     """Cumulative prompt tokens (reported, or estimated) plus the next prompt's estimate must fit."""
 
     def __init__(self, limit: int | None, context_window: int | None = None) -> None:
@@ -149,7 +162,7 @@ class PromptTokenLimit(Guard):
         return None
 
 
-class CompletionTokenLimit(Guard):
+class CompletionTokenLimit(_Settled):
     """Cumulative completion tokens; a request's max_tokens is reserved before sending."""
 
     def __init__(self, limit: int | None) -> None:
@@ -169,7 +182,7 @@ class CompletionTokenLimit(Guard):
         return None
 
 
-class CostLimit(Guard):
+class CostLimit(_Settled):
     """Dollars: spent so far + the next prompt's estimate at the input price + the request's reserved
     `max_tokens` at the output price must fit `max_cost_usd`, else the request is not sent. The price
     is the run's (`s.price`: the start model's, then the last reply's model's)."""
@@ -193,7 +206,7 @@ class CostLimit(Guard):
         return None
 
 
-class WallClock(Guard):
+class WallClock(_Settled):
     def __init__(self, limit: float | None) -> None:
         self.limit = limit
 
@@ -227,6 +240,13 @@ class RepeatedCall(Guard):
         self.scope = scope
         self.counts: RepeatCounts | None = None
         self.reply_keys: dict[str, CheckedCall] = {}  # this reply's side-effecting calls so far, by key
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RepeatedCall:
+        """A copy with its own counts (small values; the calls it holds are shared, never changed)."""
+        new = copy.copy(self)
+        new.counts = None if self.counts is None else self.counts.copy()
+        new.reply_keys = dict(self.reply_keys)
+        return new
 
     def _counts(self, s: RunState) -> RepeatCounts:
         if self.counts is None:
@@ -273,6 +293,11 @@ class RepeatedResult(Guard):
         self.limit = limit
         self.streak = Streak()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> RepeatedResult:
+        new = copy.copy(self)
+        new.streak = copy.copy(self.streak)
+        return new
+
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
         if self.limit is None or r.decision != "executed" or c.tool.kind is ToolKind.POLL:
             return None
@@ -298,6 +323,11 @@ class RepeatedCycle(Guard):
         self.trail = CycleTrail(limit or 2)
         self.early: CycleTrail | None = None  # Policy.nudge: the block back one time fewer warns
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> RepeatedCycle:
+        new = copy.copy(self)
+        new.trail, new.early = self.trail.copy(), None if self.early is None else self.early.copy()
+        return new
+
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
         if self.limit is None or r.decision != "executed" or c.tool.kind is ToolKind.POLL:
             return None
@@ -320,7 +350,7 @@ class RepeatedCycle(Guard):
                      "cycle": [k for k, _ in block], "fingerprints": [fp for _, fp in block]})
 
 
-class NoProgress(Guard):
+class NoProgress(_Settled):
     """A turn whose every call was answered from the cache learned nothing new."""
 
     def __init__(self, enabled: bool = True) -> None:
@@ -333,7 +363,7 @@ class NoProgress(Guard):
         return None
 
 
-class ResultContract(Guard):
+class ResultContract(_Settled):
     """A result that breaks the tool's declared result model stops the run."""
 
     def after_execution(self, s: RunState, c: CheckedCall, r: ToolResult) -> Stop | None:
@@ -387,6 +417,11 @@ class Guards(Guard):
         self._before_execution = _watching(self.guards, "before_execution")
         self._after_execution = _watching(self.guards, "after_execution")
         self._after_turn = _watching(self.guards, "after_turn")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Guards:
+        """A copy whose guards are each copied (the built-in ones cheaply: their state is small values;
+        one `memo` names stays shared)."""
+        return Guards([copy.deepcopy(g, memo) for g in self.guards])
 
     def before_request(self, s: RunState) -> Stop | None:
         return _first(self._before_request, s)

@@ -80,6 +80,11 @@ class RepeatCounts:
     def __getitem__(self, key: str) -> int:
         return self.counts.get(key, 0)
 
+    def copy(self) -> RepeatCounts:
+        new = RepeatCounts(self.scope)
+        new.counts = dict(self.counts)
+        return new
+
 
 class Streak:
     """Executed results in a row with one fingerprint, whatever the call."""
@@ -105,6 +110,11 @@ class CycleTrail:
     def __init__(self, times: int) -> None:
         self.times = times
         self.recent: deque[tuple[str, str]] = deque(maxlen=max(CYCLE_PERIODS) * times)
+
+    def copy(self) -> CycleTrail:
+        new = CycleTrail(self.times)
+        new.recent.extend(self.recent)
+        return new
 
     def add(self, key: str, fp: str) -> tuple[tuple[str, str], ...] | None:
         r = self.recent

@@ -208,6 +208,7 @@ class Read(NamedTuple):
     canons: tuple[str, ...]  # each message's canonical JSON
     conv: str  # its view's digests, with and without its system messages (`digests`)
     extends: tuple[str, ...]  # the digests of its views cut before each assistant message (`digests`)
+    body: str = ""  # the digest of the body its messages came in (`read`'s `around`)
 
 
 @dataclass
@@ -229,12 +230,27 @@ class _Reading:
     cuts: list[tuple[int, int, str]] = field(default_factory=list)
     size: int = 0
     checked: Any = None
+    hashed: tuple[str, int, Any] | None = None  # a body's text before its messages, how many, hashed through them
 
     def go_on(self) -> _Reading:
         """A copy to read more messages into (this one stays as it was)."""
         return _Reading(list(self.messages), list(self.canons), list(self.loose), list(self.items), list(self.digests),
                         list(self.texts), list(self.open), list(self.chains), list(self.lengths), list(self.cuts),
-                        self.size, self.checked)
+                        self.size, self.checked, self.hashed)
+
+    def body(self, head: str, tail: str) -> str:
+        """The digest of `head` + its messages' canonical JSON as an array + `tail`, hashed on from where
+        the last body with this head stopped (its hash kept, through its messages)."""
+        at = self.hashed
+        if at is not None and at[0] == head and at[1] <= len(self.canons):
+            h, start = at[2].copy(), at[1]
+        else:
+            h, start = hashlib.sha256(f"{head}[".encode("utf-8", "surrogatepass")), 0
+        for i in range(start, len(self.canons)):
+            h.update(f"{',' if i else ''}{self.canons[i]}".encode("utf-8", "surrogatepass"))
+        self.hashed = (head, len(self.canons), h.copy())
+        h.update(f"]{tail}".encode("utf-8", "surrogatepass"))
+        return h.hexdigest()[:32]
 
     def add(self, m: Any) -> None:
         key = _key(m)
@@ -342,17 +358,20 @@ def reading(messages: list[Any]) -> tuple[_Reading | None, _Reading]:
     return known, known.go_on() if known is not None else _Reading()
 
 
-def read(messages: list[Any], started: tuple[_Reading | None, _Reading] | None = None) -> Read:
+def read(messages: list[Any], started: tuple[_Reading | None, _Reading] | None = None,
+         around: tuple[str, str] | None = None) -> Read:
     """The request's messages read: from the known conversation it extends, its new messages only
     (`reading`); else each message, those read before taken from the memo. Kept for the next. With
-    `started` from the wire's parse, its check goes with it; without, what was added is unchecked."""
+    `started` from the wire's parse, its check goes with it; without, what was added is unchecked.
+    `around`: the body's canonical JSON before and after its messages array, for its digest (`body`)."""
     known, going = reading(messages) if started is None else started
     if started is None and len(messages) > len(going.messages):
         going.checked = None
     for m in messages[len(going.messages):]:
         going.add(m)
     _KNOWN.keep(going, known)
-    return going.done()
+    done = going.done()
+    return done if around is None else done._replace(body=going.body(*around))
 
 
 def view(messages: list[dict[str, Any]]) -> list[Item]:

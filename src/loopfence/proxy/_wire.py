@@ -186,14 +186,17 @@ def read_as(wire: str | None, body: dict[str, Any], messages: list[dict[str, Any
     """A request of `wire` (None: Chat Completions) read as Chat Completions (`messages`, `tools`,
     `params`), with its digests: the request's own (`whole`, the body but for how it streams) and
     its view's (`_view`). `started`: `_view.reading(messages)`, if already looked up."""
-    seen = read(messages, started)
     kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    if wire is None:  # the body's canonical JSON, its messages' as read (each message's made once)
-        text = "{" + ",".join(f"{canonical_json(k)}:" + ("[" + ",".join(seen.canons) + "]" if k == "messages"
-                                                            else canonical_json(kept[k])) for k in sorted(kept)) + "}"
+    if wire is None and "messages" in kept:  # the body's canonical JSON, hashed on from the known part's
+        fields = [f"{canonical_json(k)}:{canonical_json(kept[k])}" for k in sorted(kept) if k != "messages"]
+        before = sum(k < "messages" for k in kept)
+        head = "{" + "".join(f"{f}," for f in fields[:before]) + '"messages":'
+        seen = read(messages, started, (head, "".join(f",{f}" for f in fields[before:]) + "}"))
+        whole = seen.body
     else:  # another wire's body holds what its translation may leave out: all of it
-        text = canonical_json([wire, kept])
-    whole = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        seen = read(messages, started)
+        text = canonical_json([wire, kept] if wire is not None else kept)
+        whole = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     conv, extends = digests(messages, seen)
     opening, users, answers = marks(seen)
     return Incoming(messages, tools, params, body.get("stream") is True, include_usage, model, whole, conv, extends,
