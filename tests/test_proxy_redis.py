@@ -457,3 +457,40 @@ def test_a_replica_starting_brings_short_log_files_up_to_the_store(replicas: Rep
     assert path.read_bytes() == whole
     finished_log(replicas, ended)
     replicas.url()
+
+
+@pytest.fixture
+def spinning() -> Iterator[None]:
+    """Both cores kept busy by two spinning processes (started here, stopped by their PIDs)."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+             for _ in range(2)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(30)
+
+
+def test_under_cpu_load_copies_on_two_replicas_get_the_one_answer_after_a_burst(
+        replicas: Replicas, spinning: None) -> None:
+    """Two replicas, both cores busy: a burst of 50 branches of one named run, then 10 copies of one
+    request at once, 20 times. Every copy gets the one answer (a copy on the other replica waits on
+    its twin, never past its time), and the upstream sees the request once."""
+    url = replicas.url(2)
+    for trial in range(TRIALS):
+        burst = [{"model": "m", "messages": [{"role": "user", "content": f"race:text-load-{trial} branch {i}"}]}
+                 for i in range(50)]
+        got = asyncio.run(_at_once(url, burst, {"X-Loopfence-Run": f"load-{trial}"}))
+        assert {r.status_code for r in got} == {200}, [r.text for r in got if r.status_code != 200][:2]
+        tag = f"race:copies-load-{trial}"
+        body = {"model": "m", "tools": TOOLS, "messages": [{"role": "user", "content": f"{tag} the same request"}]}
+        t0 = time.monotonic()
+        got = asyncio.run(_at_once(url, [body] * 10))
+        assert {r.status_code for r in got} == {200}, (trial, [r.text for r in got if r.status_code != 200][:2])
+        assert time.monotonic() - t0 < 60  # every copy answered before a client's usual time-out
+        assert replicas.upstream.by_tag[tag] == 1, (trial, replicas.upstream.by_tag[tag])
+        assert len({r.content for r in got}) == 1  # one answer, id and all

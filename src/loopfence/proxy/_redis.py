@@ -27,11 +27,17 @@ lease expires (`lease` seconds, renewed while the request is at work), and the c
 replica, is that request again, counted once. A replica that cannot reach Redis, or whose commit
 comes back refused, answers 503 and gives no answer: it never lets a run go on unaccounted.
 
-Redis losing its data (restarted without persistence, flushed) is seen by the epoch key `lf:epoch`:
-the replica that finds it gone marks the store `lf:lost` for one expiry period, and meanwhile a
-request that continues a run Redis no longer has (a conversation under way, a run name with a log on
-file) is answered 503, never started afresh with its budgets reset. Run Redis with
-`appendonly yes` and `appendfsync always` so that a restart loses nothing.
+Redis losing its data (restarted without persistence, flushed) is told from what the replicas know:
+the epoch key `lf:epoch` changed or gone under a replica that joined it (at a claim, and every WATCH_S:
+`look`), a replica starting on a store with no epoch while it logged runs within `expire_after`
+(`connect`), or a run at an earlier version than a replica committed (`_held`). Each marks the store
+`lf:lost` for one expiry period (a replica starting on an empty store with no recent logs cannot tell
+new from lost: it waits SETTLE_S before it serves, while the others look), and meanwhile a request that may continue a run Redis
+no longer holds (a conversation under way, any run name: a replica cannot tell a new name from a lost
+one) is answered 503, never started afresh with its budgets reset. A copy waiting on its twin at work
+on another replica (claim said "wait", naming the twin's lease) takes the answer commit kept under that
+lease, wherever the run went since; nothing waits past WAIT_S. Run Redis with `appendonly yes` and
+`appendfsync always` so that a restart loses nothing.
 
 The log file `<logs>/<id>.jsonl` is written from the list: after each commit the replica brings the
 file up to the version it committed (under `flock`, fetching lines it did not write), so on a shared
@@ -50,7 +56,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -67,6 +73,10 @@ __all__ = ["PREFIX", "RedisRuns", "StoreDown"]
 PREFIX = "lf:"
 CACHED = 4096  # runs a replica keeps folded (the versions it committed last)
 POOL = 64  # connections to Redis per replica; a request holds one only for the length of one script
+WAIT_S = 50.0  # how long a request waits for another replica at work on its run (a copy: on its twin) before a 503
+WATCH_S = 2.0  # how often a replica looks at the store's epoch (a store made anew since it joined has lost data)
+SETTLE_S = 2.5 * WATCH_S  # a replica that finds the store empty, having logged nothing lately, waits this long
+#                           before it serves: a replica that joined the store before looks meanwhile (`look`)
 
 _CLAIM = """
 local P, A = KEYS[1], ARGV
@@ -79,12 +89,16 @@ if not epoch then
   return {'lost', A[13]}
 end
 if epoch ~= A[1] then return {'epoch', epoch} end
+if A[17] ~= '' then  -- a copy told to wait for its twin (the lease A[17]): its answer, wherever the run went since
+  local done = redis.call('GET', P .. 'answer:' .. A[17])
+  if done then return {'answer', done} end
+end
 local rid
 if A[2] ~= '' then rid = redis.call('GET', P .. 'name:' .. A[6] .. '/' .. A[2])
 else
   local again = redis.call('GET', P .. 'latest:' .. A[6] .. '/' .. A[4])
   local g = again and redis.call('HMGET', P .. 'run:' .. again, 'finished', 'stopped', 'latest', 'at', 'delivered') or {}
-  local old = A[17] ~= '1' and g[3] == A[4] and g[4] and (g[5] == A[4] or NOW - tonumber(g[4]) >= tonumber(A[16]))
+  local old = A[17] == '' and g[3] == A[4] and g[4] and (g[5] == A[4] or NOW - tonumber(g[4]) >= tonumber(A[16]))
   if again and g[1] ~= '1' and not old then rid = again end
   if not rid then
     for d in string.gmatch(A[3], '%S+') do
@@ -99,12 +113,12 @@ if rid and redis.call('HGET', P .. 'run:' .. rid, 'owner') ~= A[6] then rid = fa
 if rid then
   local f = redis.call('HMGET', P .. 'run:' .. rid, 'owner', 'latest', 'answer', 'finished', 'stopped', 'at',
                        'delivered')
-  if f[2] == A[4] and f[3] and (A[17] == '1' or (f[7] ~= A[4] and not (f[6] and NOW - tonumber(f[6]) >= tonumber(A[16])))) then
+  if f[2] == A[4] and f[3] and (A[17] ~= '' or (f[7] ~= A[4] and not (f[6] and NOW - tonumber(f[6]) >= tonumber(A[16])))) then
     return {'answer', f[3]}
   end
   local lock = redis.call('GET', P .. 'lock:' .. rid)
   if lock then
-    if string.sub(lock, 34) == A[4] then return {'wait'} end
+    if string.sub(lock, 34) == A[4] then return {'wait', string.sub(lock, 1, 32)} end
     return {'busy'}
   end
   if f[4] == '1' then
@@ -153,8 +167,8 @@ local rid = A[1]
 local run, lk, log = P .. 'run:' .. rid, P .. 'lock:' .. rid, P .. 'log:' .. rid
 local lock = redis.call('GET', lk)
 if (lock and lock ~= A[2]) or redis.call('HGET', run, 'version') ~= A[3] then return 0 end
-local n = #A - 12
-if n > 0 then redis.call('RPUSH', log, unpack(A, 13)) end
+local n = #A - 13
+if n > 0 then redis.call('RPUSH', log, unpack(A, 14)) end
 redis.call('HSET', run, 'version', tostring(tonumber(A[3]) + n), 'latest', A[5], 'answer', A[6], 'finished', A[7],
            'meta', A[9], 'desc', A[12], 'at', NOW)
 if A[8] ~= '' then redis.call('HSET', run, 'stopped', A[8]) end
@@ -166,6 +180,7 @@ end
 for d in string.gmatch(A[10], '%S+') do redis.call('SET', P .. 'conv:' .. who .. d, rid, 'PX', A[4]) end
 if named[1] and named[1] ~= '' then redis.call('PEXPIRE', P .. 'name:' .. who .. named[1], A[4]) end
 redis.call('PEXPIRE', P .. 'latest:' .. who .. A[5], A[4])
+redis.call('SET', P .. 'answer:' .. string.sub(A[2], 1, 32), A[6], 'PX', A[13])  -- for the copies waiting on it
 redis.call('PEXPIRE', run, A[4])
 redis.call('PEXPIRE', log, A[4])
 redis.call('PEXPIRE', P .. 'owned:' .. (named[2] or ''), A[4])
@@ -234,7 +249,10 @@ class RedisRuns(Runs):
         ttl = settings.expire_after
         self.ttl_ms = int(ttl * 1000) if ttl is not None else 10 * 365 * 86400 * 1000
         self.epoch = uuid.uuid4().hex
+        self.joined = False  # whether this replica adopted the store's epoch (a different one since: data lost)
+        self._watcher: asyncio.Future[None] | None = None
         self.cache: OrderedDict[str, tuple[str, WireRun]] = OrderedDict()  # run id -> (version, run)
+        self.waiting: Callable[[], Awaitable[None]] | None = None  # called when told to wait on a twin (tests)
         self._claim = self.redis.register_script(_CLAIM)
         self._commit = self.redis.register_script(_COMMIT)
         self._renew = self.redis.register_script(_RENEW)
@@ -247,14 +265,54 @@ class RedisRuns(Runs):
 
     async def connect(self) -> str | None:
         """Join the store: adopt its epoch (or set ours), then bring the log files up to the store
-        (`heal`). The problem, in words, if Redis is unreachable."""
+        (`heal`). The problem, in words, if Redis is unreachable. Then watches the store's epoch (`watch`)."""
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self.watch())
         try:
-            await self.redis.set(PREFIX + "epoch", self.epoch, nx=True)
+            if await self.redis.set(PREFIX + "epoch", self.epoch, nx=True):  # a new store, or one that lost its data
+                if self._logged_lately():  # runs this replica logged may be under way
+                    await self._mark_lost()
+                else:  # it cannot tell: the replicas that joined the store before can (they mark it meanwhile)
+                    await asyncio.sleep(SETTLE_S)
             self.epoch = _text(await self.redis.get(PREFIX + "epoch") or self.epoch)
+            self.joined = True
             await self.heal()
         except self._errors as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
+
+    def _logged_lately(self) -> bool:
+        """Whether the log folder holds a run logged within `expire_after` (one the store may still hold)."""
+        logs, ttl = self.settings.logs, self.settings.expire_after
+        if logs is None:
+            return False
+        since = time.time() - (ttl if ttl is not None else float("inf"))
+        return any(p.stat().st_mtime >= since for p in logs.glob("*.jsonl") if p.is_file())
+
+    async def _mark_lost(self) -> None:
+        """The store lost its data: for one expiry period, a request that may continue a run it held is
+        refused rather than started afresh."""
+        await self.redis.set(PREFIX + "lost", "1", px=self.ttl_ms)
+
+    async def watch(self) -> None:
+        """`look` every WATCH_S, until cancelled (`aclose`)."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            with contextlib.suppress(*self._errors):
+                await self.look()
+
+    async def look(self) -> None:
+        """A store whose epoch changed since this replica joined it, or is gone, lost its data (restarted
+        empty, flushed: another replica may have made it anew without knowing): marked lost for one
+        expiry period, and its epoch adopted."""
+        if not self.joined:
+            return
+        now = await self.redis.get(PREFIX + "epoch")
+        if now is None or _text(now) != self.epoch:
+            await self.redis.set(PREFIX + "epoch", uuid.uuid4().hex, nx=True)
+            await self._mark_lost()
+            self.epoch = _text(await self.redis.get(PREFIX + "epoch") or self.epoch)
+            self.cache.clear()
 
     async def heal(self) -> int:
         """Every log file of a run the store holds, brought up to the store's version (a replica killed
@@ -275,6 +333,10 @@ class RedisRuns(Runs):
         return behind
 
     async def aclose(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         await self.redis.aclose()
         await self.redis.connection_pool.disconnect()
 
@@ -397,15 +459,14 @@ class RedisRuns(Runs):
         token = uuid.uuid4().hex
         cand, n = self._candidate(named or session, owner)
         base = id_base(named or session or "", owner)
-        known = "1" if named is not None and self.settings.logs is not None and \
-            (self.settings.logs / f"{numbered(base, 1)}.jsonl").exists() else ""
+        named_run = "1" if named is not None else ""  # (the store lost its data: no name can be told new)
         model = self.upstream.model_name(incoming.model, incoming.wire)
-        pause = 0.005
-        waited = ""  # "1" once told to wait for this same request in flight: its answer is ours, delivered or not
+        pause, since = 0.005, time.monotonic()
+        waited = ""  # the lease of this same request in flight, once told to wait on it: its answer is ours
         while True:
             got = await self._call(self._claim, [
                 self.epoch, named or "", conv, incoming.whole, cand, owner or "", token, self.lease_ms,
-                *self._have(named, owner, incoming), known, self.ttl_ms, uuid.uuid4().hex, n, base,
+                *self._have(named, owner, incoming), named_run, self.ttl_ms, uuid.uuid4().hex, n, base,
                 int(RETRY_S * 1000), waited])
             kind = _text(got[0])
             if kind == "answer":
@@ -415,6 +476,13 @@ class RedisRuns(Runs):
             if kind in ("lost", "epoch"):
                 self.epoch = _text(got[1])
                 self.cache.clear()
+                if kind == "epoch" and self.joined:  # another replica made the store anew: it lost what we saw
+                    try:
+                        await self._mark_lost()
+                    except self._errors as exc:
+                        raise self._down(exc) from None
+                    kind = "lost"
+                self.joined = True
                 if kind == "lost":
                     raise StoreDown(f"the run state store ({self.describe_store()}) lost its data (restarted "
                                     "empty, or flushed): runs under way cannot be accounted for; this request was "
@@ -422,9 +490,17 @@ class RedisRuns(Runs):
                 continue
             if kind == "unaccounted":
                 raise StoreDown(f"the run state store ({self.describe_store()}) lost its data, and this request "
-                                "continues a run it no longer holds: the proxy will not start it afresh with its "
-                                "budgets reset")
-            waited = waited or ("1" if kind == "wait" else "")
+                                f"{'names a run' if named else 'continues a conversation'} it no longer holds (or "
+                                "never held: a replica cannot tell): the proxy will not start it afresh with its "
+                                "budgets reset. It is served again once the store's mark `lf:lost` expires (one "
+                                "--expire-after period) or is deleted")
+            waited = _text(got[1]) if kind == "wait" else waited
+            if time.monotonic() - since > WAIT_S:
+                raise StoreDown(f"another replica has been at work on this run for {WAIT_S:g}s ("
+                                f"{'on this same request' if waited else 'on another of its requests'}) and this "
+                                "one waited for it that long; it was not forwarded: send it again")
+            if kind == "wait" and self.waiting is not None:
+                await self.waiting()
             await asyncio.sleep(pause)  # busy or wait: another replica is at work on the run
             pause = min(pause * 2, 0.05)
         rid, version, meta = _text(got[1]), _text(got[2]), json.loads(got[3] or "{}")
@@ -467,6 +543,13 @@ class RedisRuns(Runs):
                     session: str | None = None) -> WireRun:
         """The run as the store has it at `version`: this replica's own copy, else folded from its log."""
         mine = self.cache.get(rid)
+        if mine is not None and int(version) < int(mine[0]):  # the store went back before what we committed
+            self.cache.pop(rid, None)
+            with contextlib.suppress(*self._errors):
+                await self._mark_lost()
+            raise StoreDown(f"the run state store ({self.describe_store()}) lost its data: run {rid} is at "
+                            f"version {version} there, and this replica committed version {mine[0]}; this request "
+                            "was not answered")
         if mine is not None and mine[0] == version and not lines:
             self.cache.move_to_end(rid)
             return mine[1]
@@ -515,7 +598,7 @@ class RedisRuns(Runs):
             ok = await self._call(self._commit, [
                 run.id, lock, version, self.ttl_ms, incoming.whole, json.dumps(made.to_json()),
                 "1" if f.finished else "0", json.dumps(run.stopped.to_json()) if run.stopped is not None else "",
-                json.dumps(meta), run.conv or "", before or "", json.dumps(run.describe()), *new])
+                json.dumps(meta), run.conv or "", before or "", json.dumps(run.describe()), int(WAIT_S * 2000), *new])
         except StoreDown:
             self.cache.pop(run.id, None)
             raise
