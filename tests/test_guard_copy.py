@@ -78,16 +78,28 @@ class Stateful(Guard):
         self.seen: list[str] = []
 
 
+class Remembering(RepeatedCall):
+    """A repetition guard subclassed elsewhere, with state of its own."""
+
+    def __init__(self) -> None:
+        super().__init__(3)
+        self.seen: list[str] = []
+
+
 def test_settled_guards_are_shared_and_a_guard_from_elsewhere_is_copied_whole() -> None:
     kept = Stateful()
-    guards = default_guards(Limits.coding(), [Counting(), Stateful(), kept])
+    guards = default_guards(Limits.coding(), [Counting(), Stateful(), Remembering(), kept])
+    guards.name = "mine"
     sim = copy.deepcopy(guards, {id(kept): kept})
     pairs = list(zip(guards.guards, sim.guards, strict=True))
     assert any(a is b for a, b in pairs if type(a) is StepLimit)
     for a, b in pairs:
-        if type(a) in (Counting, Stateful) and a is not kept:
+        if type(a) in (Counting, Stateful, Remembering) and a is not kept:
             assert a is not b and a.seen is not b.seen and a.seen == b.seen
         if type(a) in (RepeatedCall, RepeatedResult, RepeatedCycle):
             assert a is not b
     assert sim.guards[-1] is kept  # what the memo names stays shared
     assert [type(g) for g in sim.guards] == [type(g) for g in guards.guards]
+    assert sim.name == "mine" and sim.before_execution.__self__ is sim  # its own phases, bound to the copy
+    assert all(m.__self__ is g for m, g in zip(sim._after_execution, [g for g in sim.guards if type(g).after_execution
+                                                                     is not Guard.after_execution], strict=True))

@@ -110,7 +110,7 @@ def test_a_copy_whose_twin_never_answers_gives_up_with_a_clear_503(tmp_path: Pat
             copy = await asyncio.wait_for(b.post("/chat/completions", json=FIRST), 60)  # never hangs
             assert copy.status_code == 503, copy.text
             message = copy.json()["error"]["message"]
-            assert "at work on this run for 0.5s (on this same request)" in message and "not forwarded" in message
+            assert "at work on this same request for 0.5s" in message and "not forwarded" in message
             upstream.release.set()
             assert (await lead).status_code == 200
             assert upstream.firsts == 1
@@ -215,6 +215,29 @@ def test_a_replica_that_joined_a_store_sees_it_made_anew_and_marks_it_lost(tmp_p
                     assert new.status_code == 200, new.text  # a new conversation is served meanwhile
             finally:
                 await fresh.aclose()
+
+    with RedisServer(tmp_path / "redis") as redis:
+        asyncio.run(go(redis.url, redis))
+
+
+def test_a_folder_of_in_process_runs_does_not_mark_a_new_store_lost(tmp_path: Path) -> None:
+    """Moving from the in-process store to Redis on the same log folder: its runs were never the
+    store's, so the first replica on the new store serves named runs (after SETTLE_S). The same folder,
+    once it served a store (its EPOCH_FILE), marks an empty store lost."""
+
+    async def go(url: str, redis: RedisServer) -> None:
+        upstream = Upstream()
+        upstream.release.set()
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        (logs / "earlier.jsonl").write_text("{}\n")  # a run the in-process store logged a moment ago
+        async with replicas(url, [logs], upstream) as [(_, a)]:
+            await _used(a, 1)
+        assert (logs / _redis.EPOCH_FILE).exists()
+        redis.client().flushall()
+        async with replicas(url, [logs], upstream) as [(_, a)]:
+            r = await a.post("/chat/completions", json=_named(5), headers={"X-Loopfence-Run": "kept"})
+            assert r.status_code == 503 and "lost its data" in r.json()["error"]["message"], r.text
 
     with RedisServer(tmp_path / "redis") as redis:
         asyncio.run(go(redis.url, redis))

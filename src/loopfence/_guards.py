@@ -109,11 +109,15 @@ class _Settled(Guard):
     `precheck`) shares it."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Settled:
-        if type(self).__module__ == __name__:
-            return self
-        new = copy.copy(self)  # a subclass from elsewhere may hold state: copied whole, as deepcopy would
-        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        return new
+        return self if type(self).__module__ == __name__ else _whole(self, memo)
+
+
+def _whole(g: Any, memo: dict[int, Any]) -> Any:
+    """A copy of a guard subclassed elsewhere (its state is not known here): every attribute copied,
+    as deepcopy copies them."""
+    new = copy.copy(g)
+    new.__dict__.update(copy.deepcopy(g.__dict__, memo))
+    return new
 
 
 class StepLimit(_Settled):
@@ -243,6 +247,8 @@ class RepeatedCall(Guard):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RepeatedCall:
         """A copy with its own counts (small values; the calls it holds are shared, never changed)."""
+        if type(self).__module__ != __name__:
+            return _whole(self, memo)
         new = copy.copy(self)
         new.counts = None if self.counts is None else self.counts.copy()
         new.reply_keys = dict(self.reply_keys)
@@ -294,6 +300,8 @@ class RepeatedResult(Guard):
         self.streak = Streak()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RepeatedResult:
+        if type(self).__module__ != __name__:
+            return _whole(self, memo)
         new = copy.copy(self)
         new.streak = copy.copy(self.streak)
         return new
@@ -324,6 +332,8 @@ class RepeatedCycle(Guard):
         self.early: CycleTrail | None = None  # Policy.nudge: the block back one time fewer warns
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RepeatedCycle:
+        if type(self).__module__ != __name__:
+            return _whole(self, memo)
         new = copy.copy(self)
         new.trail, new.early = self.trail.copy(), None if self.early is None else self.early.copy()
         return new
@@ -421,7 +431,11 @@ class Guards(Guard):
     def __deepcopy__(self, memo: dict[int, Any]) -> Guards:
         """A copy whose guards are each copied (the built-in ones cheaply: their state is small values;
         one `memo` names stays shared)."""
-        return Guards([copy.deepcopy(g, memo) for g in self.guards])
+        if type(self).__module__ != __name__:
+            return _whole(self, memo)
+        new = copy.copy(self)
+        Guards.__init__(new, [copy.deepcopy(g, memo) for g in self.guards])
+        return new
 
     def before_request(self, s: RunState) -> Stop | None:
         return _first(self._before_request, s)

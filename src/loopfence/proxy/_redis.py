@@ -29,14 +29,14 @@ comes back refused, answers 503 and gives no answer: it never lets a run go on u
 
 Redis losing its data (restarted without persistence, flushed) is told from what the replicas know:
 the epoch key `lf:epoch` changed or gone under a replica that joined it (at a claim, and every WATCH_S:
-`look`), a replica starting on a store with no epoch while it logged runs within `expire_after`
-(`connect`), or a run at an earlier version than a replica committed (`_held`). Each marks the store
-`lf:lost` for one expiry period (a replica starting on an empty store with no recent logs cannot tell
-new from lost: it waits SETTLE_S before it serves, while the others look), and meanwhile a request that may continue a run Redis
-no longer holds (a conversation under way, any run name: a replica cannot tell a new name from a lost
+`look`), a replica starting on a store with no epoch while its log folder says it served a store
+before (EPOCH_FILE) and logged runs within `expire_after` (`connect`). Each marks the store `lf:lost`
+for one expiry period (a replica starting on an empty store with no such logs cannot tell new from
+lost: it waits SETTLE_S before it serves, while the others look), and meanwhile a request that may
+continue a run Redis no longer holds (a conversation under way, any run name: a replica cannot tell a new name from a lost
 one) is answered 503, never started afresh with its budgets reset. A copy waiting on its twin at work
 on another replica (claim said "wait", naming the twin's lease) takes the answer commit kept under that
-lease, wherever the run went since; nothing waits past WAIT_S. Run Redis with `appendonly yes` and
+lease, wherever the run went since, and waits no longer than WAIT_S. Run Redis with `appendonly yes` and
 `appendfsync always` so that a restart loses nothing.
 
 The log file `<logs>/<id>.jsonl` is written from the list: after each commit the replica brings the
@@ -73,8 +73,9 @@ __all__ = ["PREFIX", "RedisRuns", "StoreDown"]
 PREFIX = "lf:"
 CACHED = 4096  # runs a replica keeps folded (the versions it committed last)
 POOL = 64  # connections to Redis per replica; a request holds one only for the length of one script
-WAIT_S = 50.0  # how long a request waits for another replica at work on its run (a copy: on its twin) before a 503
+WAIT_S = 50.0  # how long a copy of a request waits on its twin at work on another replica before a 503
 WATCH_S = 2.0  # how often a replica looks at the store's epoch (a store made anew since it joined has lost data)
+EPOCH_FILE = ".redis-epoch"  # in the log folder: the store epoch its replicas joined last (it served a store)
 SETTLE_S = 2.5 * WATCH_S  # a replica that finds the store empty, having logged nothing lately, waits this long
 #                           before it serves: a replica that joined the store before looks meanwhile (`look`)
 
@@ -118,7 +119,10 @@ if rid then
   end
   local lock = redis.call('GET', P .. 'lock:' .. rid)
   if lock then
-    if string.sub(lock, 34) == A[4] then return {'wait', string.sub(lock, 1, 32)} end
+    if string.sub(lock, 34) == A[4] then  -- a copy of the request at work: it waits for that one's answer
+      redis.call('SET', P .. 'waiting:' .. string.sub(lock, 1, 32), '1', 'PX', A[18])
+      return {'wait', string.sub(lock, 1, 32)}
+    end
     return {'busy'}
   end
   if f[4] == '1' then
@@ -180,7 +184,11 @@ end
 for d in string.gmatch(A[10], '%S+') do redis.call('SET', P .. 'conv:' .. who .. d, rid, 'PX', A[4]) end
 if named[1] and named[1] ~= '' then redis.call('PEXPIRE', P .. 'name:' .. who .. named[1], A[4]) end
 redis.call('PEXPIRE', P .. 'latest:' .. who .. A[5], A[4])
-redis.call('SET', P .. 'answer:' .. string.sub(A[2], 1, 32), A[6], 'PX', A[13])  -- for the copies waiting on it
+local waiting = P .. 'waiting:' .. string.sub(A[2], 1, 32)
+if redis.call('EXISTS', waiting) == 1 then  -- copies wait on this lease: its answer kept for them
+  redis.call('SET', P .. 'answer:' .. string.sub(A[2], 1, 32), A[6], 'PX', A[13])
+  redis.call('DEL', waiting)
+end
 redis.call('PEXPIRE', run, A[4])
 redis.call('PEXPIRE', log, A[4])
 redis.call('PEXPIRE', P .. 'owned:' .. (named[2] or ''), A[4])
@@ -270,24 +278,32 @@ class RedisRuns(Runs):
             self._watcher = asyncio.ensure_future(self.watch())
         try:
             if await self.redis.set(PREFIX + "epoch", self.epoch, nx=True):  # a new store, or one that lost its data
-                if self._logged_lately():  # runs this replica logged may be under way
+                if self._served_lately():  # runs logged on a store before may be under way
                     await self._mark_lost()
                 else:  # it cannot tell: the replicas that joined the store before can (they mark it meanwhile)
                     await asyncio.sleep(SETTLE_S)
-            self.epoch = _text(await self.redis.get(PREFIX + "epoch") or self.epoch)
-            self.joined = True
+            self._join(_text(await self.redis.get(PREFIX + "epoch") or self.epoch))
             await self.heal()
         except self._errors as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
 
-    def _logged_lately(self) -> bool:
-        """Whether the log folder holds a run logged within `expire_after` (one the store may still hold)."""
+    def _served_lately(self) -> bool:
+        """Whether the log folder served a store before (EPOCH_FILE) and holds a run logged within
+        `expire_after` (one the store may still have held). A folder of the in-process store's runs
+        does not count: their state never was the store's."""
         logs, ttl = self.settings.logs, self.settings.expire_after
-        if logs is None:
+        if logs is None or not (logs / EPOCH_FILE).exists():
             return False
         since = time.time() - (ttl if ttl is not None else float("inf"))
         return any(p.stat().st_mtime >= since for p in logs.glob("*.jsonl") if p.is_file())
+
+    def _join(self, epoch: str) -> None:
+        """The store's epoch adopted, and written in the log folder (EPOCH_FILE)."""
+        self.epoch, self.joined = epoch, True
+        if self.settings.logs is not None:
+            with contextlib.suppress(OSError):
+                (self.settings.logs / EPOCH_FILE).write_text(epoch + "\n")
 
     async def _mark_lost(self) -> None:
         """The store lost its data: for one expiry period, a request that may continue a run it held is
@@ -311,7 +327,7 @@ class RedisRuns(Runs):
         if now is None or _text(now) != self.epoch:
             await self.redis.set(PREFIX + "epoch", uuid.uuid4().hex, nx=True)
             await self._mark_lost()
-            self.epoch = _text(await self.redis.get(PREFIX + "epoch") or self.epoch)
+            self._join(_text(await self.redis.get(PREFIX + "epoch") or self.epoch))
             self.cache.clear()
 
     async def heal(self) -> int:
@@ -433,7 +449,7 @@ class RedisRuns(Runs):
             ok = await self._call(self._commit, [
                 rid, lock, _text(version), self.ttl_ms, _text(latest or b""), _text(given or b""), "1",
                 json.dumps(run.stopped.to_json()) if run.stopped is not None else "", _text(meta or b"{}"), "", "",
-                json.dumps(run.describe()), *new])
+                json.dumps(run.describe()), int(WAIT_S * 2000), *new])
             if ok and named:  # the name freed only if it still routes to this run (one script: atomic)
                 await self._free(keys=[f"{PREFIX}name:{owner or ''}/{_text(named)}"], args=[rid])
         except self._errors as exc:
@@ -461,20 +477,19 @@ class RedisRuns(Runs):
         base = id_base(named or session or "", owner)
         named_run = "1" if named is not None else ""  # (the store lost its data: no name can be told new)
         model = self.upstream.model_name(incoming.model, incoming.wire)
-        pause, since = 0.005, time.monotonic()
+        pause, since = 0.005, 0.0  # since: when it was first told to wait on its twin
         waited = ""  # the lease of this same request in flight, once told to wait on it: its answer is ours
         while True:
             got = await self._call(self._claim, [
                 self.epoch, named or "", conv, incoming.whole, cand, owner or "", token, self.lease_ms,
                 *self._have(named, owner, incoming), named_run, self.ttl_ms, uuid.uuid4().hex, n, base,
-                int(RETRY_S * 1000), waited])
+                int(RETRY_S * 1000), waited, int(WAIT_S * 2000)])
             kind = _text(got[0])
             if kind == "answer":
                 return Answer.from_json(json.loads(got[1])), False
             if kind == "run":
                 break
             if kind in ("lost", "epoch"):
-                self.epoch = _text(got[1])
                 self.cache.clear()
                 if kind == "epoch" and self.joined:  # another replica made the store anew: it lost what we saw
                     try:
@@ -482,7 +497,7 @@ class RedisRuns(Runs):
                     except self._errors as exc:
                         raise self._down(exc) from None
                     kind = "lost"
-                self.joined = True
+                self._join(_text(got[1]))
                 if kind == "lost":
                     raise StoreDown(f"the run state store ({self.describe_store()}) lost its data (restarted "
                                     "empty, or flushed): runs under way cannot be accounted for; this request was "
@@ -494,11 +509,11 @@ class RedisRuns(Runs):
                                 "never held: a replica cannot tell): the proxy will not start it afresh with its "
                                 "budgets reset. It is served again once the store's mark `lf:lost` expires (one "
                                 "--expire-after period) or is deleted")
-            waited = _text(got[1]) if kind == "wait" else waited
-            if time.monotonic() - since > WAIT_S:
-                raise StoreDown(f"another replica has been at work on this run for {WAIT_S:g}s ("
-                                f"{'on this same request' if waited else 'on another of its requests'}) and this "
-                                "one waited for it that long; it was not forwarded: send it again")
+            if kind == "wait":  # (busy: another request of the run at work, which a lease bounds, as in one process)
+                waited, since = _text(got[1]), since or time.monotonic()
+            if since and time.monotonic() - since > WAIT_S:
+                raise StoreDown(f"another replica has been at work on this same request for {WAIT_S:g}s, and this "
+                                "copy of it waited for its answer that long; it was not forwarded: send it again")
             if kind == "wait" and self.waiting is not None:
                 await self.waiting()
             await asyncio.sleep(pause)  # busy or wait: another replica is at work on the run
@@ -543,13 +558,6 @@ class RedisRuns(Runs):
                     session: str | None = None) -> WireRun:
         """The run as the store has it at `version`: this replica's own copy, else folded from its log."""
         mine = self.cache.get(rid)
-        if mine is not None and int(version) < int(mine[0]):  # the store went back before what we committed
-            self.cache.pop(rid, None)
-            with contextlib.suppress(*self._errors):
-                await self._mark_lost()
-            raise StoreDown(f"the run state store ({self.describe_store()}) lost its data: run {rid} is at "
-                            f"version {version} there, and this replica committed version {mine[0]}; this request "
-                            "was not answered")
         if mine is not None and mine[0] == version and not lines:
             self.cache.move_to_end(rid)
             return mine[1]
