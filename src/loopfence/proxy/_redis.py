@@ -33,11 +33,11 @@ the epoch key `lf:epoch` changed or gone under a replica that joined it (at a cl
 before (EPOCH_FILE) and logged runs within `expire_after` (`connect`). Each marks the store `lf:lost`
 for one expiry period (a replica starting on an empty store with no such logs cannot tell new from
 lost: it waits SETTLE_S before it serves, while the others look), and meanwhile a request that may
-continue a run Redis no longer holds (a conversation under way, any run name: a replica cannot tell a new name from a lost
-one) is answered 503, never started afresh with its budgets reset. A copy waiting on its twin at work
-on another replica (claim said "wait", naming the twin's lease) takes the answer commit kept under that
-lease, wherever the run went since, and waits no longer than WAIT_S. Run Redis with `appendonly yes` and
-`appendfsync always` so that a restart loses nothing.
+continue a run Redis no longer holds (a conversation under way, any run name: a replica cannot tell
+a new name from a lost one) is answered 503, never started afresh with its budgets reset. A copy
+waiting on its twin at work on another replica (claim said "wait", naming the twin's lease) takes the
+answer commit kept under that lease, wherever the run went since, and waits no longer than WAIT_S.
+Run Redis with `appendonly yes` and `appendfsync always` so that a restart loses nothing.
 
 The log file `<logs>/<id>.jsonl` is written from the list: after each commit the replica brings the
 file up to the version it committed (under `flock`, fetching lines it did not write), so on a shared
