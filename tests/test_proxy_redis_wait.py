@@ -48,13 +48,18 @@ class Upstream:
         return httpx.MockTransport(answer)
 
 
+def _replica(url: str, logs: Path, upstream: Upstream, **settings: Any) -> tuple[Proxy, httpx.AsyncClient]:
+    """A replica on the store at `url` logging into `logs`, and a client of its app (restore() not yet called)."""
+    proxy = Proxy("http://upstream.invalid/v1", Settings(logs=logs, **settings), transport=upstream.transport(),
+                  state=url)
+    return proxy, httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy.app), base_url="http://127.0.0.1/v1",
+                                    timeout=120)
+
+
 @asynccontextmanager
 async def replicas(url: str, logs: list[Path], upstream: Upstream) -> AsyncIterator[list[tuple[Any, httpx.AsyncClient]]]:
     """A replica per log folder: (its store, a client of its app)."""
-    proxies = [Proxy("http://upstream.invalid/v1", Settings(logs=d), transport=upstream.transport(), state=url)
-               for d in logs]
-    clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=p.app), base_url="http://127.0.0.1/v1",
-                                 timeout=120) for p in proxies]
+    proxies, clients = (list(x) for x in zip(*(_replica(url, d, upstream) for d in logs), strict=True))
     try:
         for p in proxies:
             assert await p.restore() == 0
@@ -147,10 +152,8 @@ def test_redis_restarted_empty_then_a_replica_restarted_never_gives_fresh_budget
         upstream = Upstream()
         upstream.release.set()
         limits = Limits.coding().replace(max_steps=4)
-        made = [Proxy("http://upstream.invalid/v1", Settings(logs=d, limits=limits), transport=upstream.transport(),
-                      state=redis.url) for d in logs]
-        clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=p.app), base_url="http://127.0.0.1/v1",
-                                     timeout=60) for p in made]
+        made, clients = (list(x) for x in zip(*(_replica(redis.url, d, upstream, limits=limits) for d in logs),
+                                             strict=True))
         try:
             for p in made:
                 await p.restore()
@@ -158,11 +161,9 @@ def test_redis_restarted_empty_then_a_replica_restarted_never_gives_fresh_budget
             redis.client().flushall()  # restarted without persistence: empty (then restarted for real)
             redis.kill()
             redis.restart()
+            await clients[restarted].aclose()
             await made[restarted].aclose()
-            made[restarted] = Proxy("http://upstream.invalid/v1", Settings(logs=logs[restarted], limits=limits),
-                                    transport=upstream.transport(), state=redis.url)
-            clients[restarted] = httpx.AsyncClient(transport=httpx.ASGITransport(app=made[restarted].app),
-                                                   base_url="http://127.0.0.1/v1", timeout=60)
+            made[restarted], clients[restarted] = _replica(redis.url, logs[restarted], upstream, limits=limits)
             await made[restarted].restore()
             before = upstream.seen
             for turn in range(6):  # the rest of the run, each replica in turn
@@ -195,8 +196,7 @@ def test_a_replica_that_joined_a_store_sees_it_made_anew_and_marks_it_lost(tmp_p
         async with replicas(url, [tmp_path / "a", tmp_path / "b"], upstream) as ((store_a, a), _):
             await _used(a, 2)
             redis.client().flushall()
-            fresh = Proxy("http://upstream.invalid/v1", Settings(logs=tmp_path / "b"), transport=upstream.transport(),
-                          state=url)
+            fresh, b = _replica(url, tmp_path / "b", upstream)
             try:
                 await fresh.restore()  # (meanwhile A's watch looked: its loop is this one)
                 assert redis.client().pttl("lf:lost") > 3_600_000, "the replica that joined before did not mark it"
@@ -206,14 +206,13 @@ def test_a_replica_that_joined_a_store_sees_it_made_anew_and_marks_it_lost(tmp_p
                 redis.client().flushall()
                 await store_a.look()  # gone under it: marked at once
                 assert redis.client().pttl("lf:lost") > 3_600_000
-                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fresh.app),
-                                             base_url="http://127.0.0.1/v1", timeout=60) as b:
-                    r = await b.post("/chat/completions", json=_named(9), headers={"X-Loopfence-Run": "kept"})
-                    assert r.status_code == 503 and "lost its data" in r.json()["error"]["message"], r.text
-                    new = await b.post("/chat/completions", json={**FIRST, "messages": [
-                        {"role": "user", "content": "a new conversation"}]})
-                    assert new.status_code == 200, new.text  # a new conversation is served meanwhile
+                r = await b.post("/chat/completions", json=_named(9), headers={"X-Loopfence-Run": "kept"})
+                assert r.status_code == 503 and "lost its data" in r.json()["error"]["message"], r.text
+                new = await b.post("/chat/completions", json={**FIRST, "messages": [
+                    {"role": "user", "content": "a new conversation"}]})
+                assert new.status_code == 200, new.text  # a new conversation is served meanwhile
             finally:
+                await b.aclose()
                 await fresh.aclose()
 
     with RedisServer(tmp_path / "redis") as redis:

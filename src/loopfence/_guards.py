@@ -104,20 +104,24 @@ class Guard:
         return None
 
 
-class _Settled(Guard):
-    """A guard whose state is its settings: a copy of the guards (the proxy's check of a reply's calls,
-    `precheck`) shares it."""
+class _Copied(Guard):
+    """A built-in guard that knows its state: a copy of the guards (the proxy's check of a reply's
+    calls, `precheck`) copies only that (`_copy`). A subclass from elsewhere may hold more: copied
+    whole, every attribute as deepcopy copies them."""
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Settled:
-        return self if type(self).__module__ == __name__ else _whole(self, memo)
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        if type(self).__module__ == __name__:
+            return self._copy(memo)
+        new = copy.copy(self)
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+    def _copy(self, memo: dict[int, Any]) -> Any:
+        return self
 
 
-def _whole(g: Any, memo: dict[int, Any]) -> Any:
-    """A copy of a guard subclassed elsewhere (its state is not known here): every attribute copied,
-    as deepcopy copies them."""
-    new = copy.copy(g)
-    new.__dict__.update(copy.deepcopy(g.__dict__, memo))
-    return new
+class _Settled(_Copied):
+    """A guard whose state is its settings: a copy of the guards shares it."""
 
 
 class StepLimit(_Settled):
@@ -228,7 +232,7 @@ class WallClock(_Settled):
         return None if reuse else self._check(s, f"executing {c.tool.name}")
 
 
-class RepeatedCall(Guard):
+class RepeatedCall(_Copied):
     """The same canonical call asked for in `limit` model replies with nothing changed in between
     stops before it runs again. A call's count restarts whenever another side-effecting call is
     executed (scope "change"); scope "run" counts over the whole run. `scope=None`: the run's
@@ -245,10 +249,8 @@ class RepeatedCall(Guard):
         self.counts: RepeatCounts | None = None
         self.reply_keys: dict[str, CheckedCall] = {}  # this reply's side-effecting calls so far, by key
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> RepeatedCall:
+    def _copy(self, memo: dict[int, Any]) -> RepeatedCall:
         """A copy with its own counts (small values; the calls it holds are shared, never changed)."""
-        if type(self).__module__ != __name__:
-            return _whole(self, memo)
         new = copy.copy(self)
         new.counts = None if self.counts is None else self.counts.copy()
         new.reply_keys = dict(self.reply_keys)
@@ -291,7 +293,7 @@ class RepeatedCall(Guard):
         return None
 
 
-class RepeatedResult(Guard):
+class RepeatedResult(_Copied):
     """More than `limit` executed results in a row with one fingerprint, whatever the call; but a
     side-effecting call's empty success counts only against the same call's (`streak_token`)."""
 
@@ -299,9 +301,7 @@ class RepeatedResult(Guard):
         self.limit = limit
         self.streak = Streak()
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> RepeatedResult:
-        if type(self).__module__ != __name__:
-            return _whole(self, memo)
+    def _copy(self, memo: dict[int, Any]) -> RepeatedResult:
         new = copy.copy(self)
         new.streak = copy.copy(self.streak)
         return new
@@ -322,7 +322,7 @@ class RepeatedResult(Guard):
         return None
 
 
-class RepeatedCycle(Guard):
+class RepeatedCycle(_Copied):
     """A block of 2 or 3 executed calls that comes back `limit` times in a row with identical
     results (the same edit, then the same failing test, forever) stops as repeated_result."""
 
@@ -331,9 +331,7 @@ class RepeatedCycle(Guard):
         self.trail = CycleTrail(limit or 2)
         self.early: CycleTrail | None = None  # Policy.nudge: the block back one time fewer warns
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> RepeatedCycle:
-        if type(self).__module__ != __name__:
-            return _whole(self, memo)
+    def _copy(self, memo: dict[int, Any]) -> RepeatedCycle:
         new = copy.copy(self)
         new.trail, new.early = self.trail.copy(), None if self.early is None else self.early.copy()
         return new
@@ -417,7 +415,7 @@ def nudge_for(s: RunState, stop: Stop, c: CheckedCall | None = None,
             f"was learned{': ' + asked if asked else ''}. {tail}")
 
 
-class Guards(Guard):
+class Guards(_Copied):
     """Runs guards in order; the first stop wins. Each phase calls only the guards that watch it."""
 
     def __init__(self, guards: list[Guard]) -> None:
@@ -428,11 +426,9 @@ class Guards(Guard):
         self._after_execution = _watching(self.guards, "after_execution")
         self._after_turn = _watching(self.guards, "after_turn")
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Guards:
+    def _copy(self, memo: dict[int, Any]) -> Guards:
         """A copy whose guards are each copied (the built-in ones cheaply: their state is small values;
         one `memo` names stays shared)."""
-        if type(self).__module__ != __name__:
-            return _whole(self, memo)
         new = copy.copy(self)
         Guards.__init__(new, [copy.deepcopy(g, memo) for g in self.guards])
         return new
