@@ -24,7 +24,7 @@ try:  # the fast paths (pydantic's own serializer and parser, compiled); the std
 except ImportError:  # pragma: no cover - pydantic is a dependency
     _fast_json = _fast_parse = None
 
-__all__ = ["canonical_json", "fingerprint", "loads", "loads_object", "dumps", "wire_body", "line", "loggable",
+__all__ = ["canonical_json", "fingerprint", "loads", "loads_object", "dumps", "wire_body", "Encoded", "line", "loggable",
            "depth", "check_depth", "read_bounded", "load_json_items", "json_items", "JsonFileError", "JsonLimitError",
            "MAX_DEPTH", "MAX_LOG_DEPTH", "MAX_INT_DIGITS", "MAX_INPUT_BYTES"]
 
@@ -115,13 +115,53 @@ def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> 
     return _escape_surrogates(text)
 
 
+class Encoded(list):  # type: ignore[type-arg]
+    """A JSON array that keeps its items' wire bytes: `parts[i]` is `wire_body(self[i])` once written
+    (None until then) for the first `len(parts)` items, the others are written each time. An object
+    holding one is written by `wire_body` joining those bytes, so a conversation sent again and again
+    (a proxy's upstream gets the whole history each request) has each message written once. `parts` is
+    filled in place: whoever keeps it (the proxy's reading of a conversation) has them next time."""
+
+    def __init__(self, items: Any, parts: list[bytes | None]) -> None:
+        super().__init__(items)
+        self.parts = parts
+
+    def pieces(self) -> list[bytes]:
+        """The array's bytes in pieces (`wire_body` joins them once: a copy of a long conversation costs
+        more than writing its few new messages), its items' parts written first where they are missing."""
+        parts, kept = self.parts, len(self.parts)
+        out = [b"["]
+        for i, item in enumerate(self):
+            if i:
+                out.append(b",")
+            if i >= kept:
+                out.append(wire_body(item))
+                continue
+            part = parts[i]
+            if part is None:
+                part = parts[i] = wire_body(item)
+            out.append(part)
+        out.append(b"]")
+        return out
+
+
 def wire_body(value: Any) -> bytes:
     """An HTTP request's JSON body, as httpx's `json=` writes it (compact, UTF-8, NaN and infinities
     refused with ValueError), except that a lone surrogate (a reply or a tool result may hold one) is
     written as its JSON escape where httpx raises UnicodeEncodeError. pydantic-core's serializer writes
     it (a third of the stdlib's time: a proxy sends a whole conversation each request); what it refuses
     (a lone surrogate, a type JSON lacks), or a body where it may have written NaN or an infinity, the
-    stdlib writes (or refuses) as before."""
+    stdlib writes (or refuses) as before. An object holding an `Encoded` array joins its kept parts."""
+    if type(value) is dict and any(type(v) is Encoded for v in value.values()):
+        pieces = [b"{"]
+        for k, v in value.items():
+            pieces += (b"," if len(pieces) > 1 else b"", wire_body(k), b":")
+            if type(v) is Encoded:
+                pieces += v.pieces()
+            else:
+                pieces.append(wire_body(v))
+        pieces.append(b"}")
+        return b"".join(pieces)
     if _fast_json is not None:
         try:
             out = _fast_json(value)

@@ -48,6 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from .._json import Encoded
 from .._keywords import keywords_checked
 from .._messages import Reply, Request
 from .._stops import StopError, StopReason
@@ -256,7 +257,8 @@ class OpenAIModel:
             body.pop(k, None)
         if self.model:
             body["model"] = self.model
-        body["messages"] = [_outgoing(m) for m in request.messages]
+        sent = [_outgoing(m) for m in request.messages]  # kept bytes stay with their messages (`Encoded`)
+        body["messages"] = Encoded(sent, request.messages.parts) if type(request.messages) is Encoded else sent
         if request.tools:
             body["tools"] = request.tools
             if "tool_choice" not in body:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._json import canonical_json, loads
+from .._json import Encoded, canonical_json, loads
 from .._limits import Limits, Policy
 from .._log._writer import RunLog
 from .._messages import Reply, Request
@@ -585,6 +585,8 @@ class Runs:
                 else:
                     relaying = relay
                 messages = incoming.messages + ([{"role": "user", "content": note}] if note else [])
+                if incoming.parts is not None:  # the messages written before go as they were written
+                    messages = Encoded(messages, incoming.parts)
                 params = {k: v for k, v in incoming.params.items() if k != "model"}
                 wire = Request(messages, incoming.tools, params, request.deadline, request.step,
                                request.max_tokens, f.state.run_id)

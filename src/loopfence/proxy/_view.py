@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 from .._json import canonical_json, loads  # bounded: deep nesting is a ValueError, never a RecursionError
 
-__all__ = ["flat", "calls_in_text", "item_of", "read", "reading", "Read", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
+__all__ = ["flat", "calls_in_text", "item_of", "read", "read_kept", "reading", "Read", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
            "TEXT_POLL", "TEXT_TOOLS", "TEXT_ACTION_SCHEMA"]
 
 MARKED = 8  # the assistant messages of a request, from its last, that `marks` reads
@@ -195,7 +195,7 @@ def _key(m: dict[str, Any]) -> tuple[Any, ...] | None:
 
 _MEMO = _Memo()
 KNOWN_BYTES = 32 << 20  # the conversations `_Known` keeps (their messages parsed, and read), at most, about
-PARSED = 3  # a message parsed takes about this many times its canonical JSON (its dicts and strings)
+PARSED = 4  # a message read takes about this many times its canonical JSON: parsed (3), and its wire bytes
 LOOK_BACK = 16  # a request is read on from a known conversation it extends by at most this many messages
 
 
@@ -228,15 +228,21 @@ class _Reading:
     chains: list[str] = field(default_factory=lambda: ["", ""])
     lengths: list[int] = field(default_factory=lambda: [0, 0])
     cuts: list[tuple[int, int, str]] = field(default_factory=list)
+    # each message's bytes as the upstream gets it, once written (`_json.Encoded`; None until then, and for a
+    # message no key holds: the messages it is compared by may differ in how a number is written)
+    wires: list[bytes | None] = field(default_factory=list)
     size: int = 0
     checked: Any = None
     hashed: tuple[str, int, Any] | None = None  # a body's text before its messages, how many, hashed through them
 
     def go_on(self) -> _Reading:
         """A copy to read more messages into (this one stays as it was)."""
+        wires = list(self.wires)
+        for i in self.loose:
+            wires[i] = None
         return _Reading(list(self.messages), list(self.canons), list(self.loose), list(self.items), list(self.digests),
                         list(self.texts), list(self.open), list(self.chains), list(self.lengths), list(self.cuts),
-                        self.size, self.checked, self.hashed)
+                        wires, self.size, self.checked, self.hashed)
 
     def body(self, head: str, tail: str) -> str:
         """The digest of `head` + its messages' canonical JSON as an array + `tail`, hashed on from where
@@ -259,6 +265,7 @@ class _Reading:
             self.loose.append(len(self.messages))
         self.messages.append(m)
         self.canons.append(seen.canon)
+        self.wires.append(None)
         self.size += seen.size + PARSED * len(seen.canon)
         if self.open and self.open[0].item[0] != seen.item[0]:
             self._close()
@@ -364,6 +371,13 @@ def read(messages: list[Any], started: tuple[_Reading | None, _Reading] | None =
     (`reading`); else each message, those read before taken from the memo. Kept for the next. With
     `started` from the wire's parse, its check goes with it; without, what was added is unchecked.
     `around`: the body's canonical JSON before and after its messages array, for its digest (`body`)."""
+    return read_kept(messages, started, around)[0]
+
+
+def read_kept(messages: list[Any], started: tuple[_Reading | None, _Reading] | None = None,
+              around: tuple[str, str] | None = None) -> tuple[Read, list[bytes | None]]:
+    """`read`, and its messages' wire bytes as the conversation keeps them (`_json.Encoded`'s parts:
+    those written for an earlier request, the others None, filled as they are written)."""
     known, going = reading(messages) if started is None else started
     if started is None and len(messages) > len(going.messages):
         going.checked = None
@@ -371,7 +385,7 @@ def read(messages: list[Any], started: tuple[_Reading | None, _Reading] | None =
         going.add(m)
     _KNOWN.keep(going, known)
     done = going.done()
-    return done if around is None else done._replace(body=going.body(*around))
+    return done if around is None else done._replace(body=going.body(*around)), going.wires
 
 
 def view(messages: list[dict[str, Any]]) -> list[Item]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._json import MAX_DEPTH, JsonLimitError, canonical_json, check_depth
-from ._view import digests, marks, read, reading
+from ._view import digests, marks, read_kept, reading
 
 __all__ = ["BadRequest", "Incoming", "parse", "read_as", "tool_items", "turns", "checked_head", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
@@ -77,6 +77,8 @@ class Incoming:
     body: dict[str, Any] | None = None
     forward: tuple[tuple[str, str], ...] = ()
     follows: str | None = None  # the earlier answer it continues by id (Responses' previous_response_id)
+    # its messages' wire bytes as the conversation keeps them (`_json.Encoded`): each written once upstream
+    parts: list[bytes | None] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def scoped(self, session: str) -> Incoming:
         """The request with every digest scoped to `session`: it retries and continues only the
@@ -191,16 +193,17 @@ def read_as(wire: str | None, body: dict[str, Any], messages: list[dict[str, Any
         fields = [f"{canonical_json(k)}:{canonical_json(kept[k])}" for k in sorted(kept) if k != "messages"]
         before = sum(k < "messages" for k in kept)
         head = "{" + "".join(f"{f}," for f in fields[:before]) + '"messages":'
-        seen = read(messages, started, (head, "".join(f",{f}" for f in fields[before:]) + "}"))
+        seen, parts = read_kept(messages, started, (head, "".join(f",{f}" for f in fields[before:]) + "}"))
         whole = seen.body
     else:  # another wire's body holds what its translation may leave out: all of it
-        seen = read(messages, started)
+        seen, parts = read_kept(messages, started)
         text = canonical_json([wire, kept] if wire is not None else kept)
         whole = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     conv, extends = digests(messages, seen)
     opening, users, answers = marks(seen)
     return Incoming(messages, tools, params, body.get("stream") is True, include_usage, model, whole, conv, extends,
-                    opening=opening, users=users, answers=answers, wire=wire, body=None if wire is None else body)
+                    opening=opening, users=users, answers=answers, wire=wire, body=None if wire is None else body,
+                    parts=parts)
 
 
 def kind(v: Any) -> str:

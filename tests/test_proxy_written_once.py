@@ -1,0 +1,142 @@
+"""A conversation's messages are written for the upstream once (issue 62): a body holding an `Encoded`
+array is written by joining the bytes its items were written as before (`_json.wire_body`), and the
+proxy keeps those bytes with the conversation it has read (`_view._Reading.wires`). Whatever was kept,
+the body is the one written without it; a message compared by its canonical JSON (a number written
+`30.0` or `30`) is written anew each request, as it came."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _proxy_support import ReplyServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loopfence import _json
+from loopfence._json import Encoded, wire_body
+from loopfence.testing import calls_reply, text_reply, tool_call
+
+_text = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=12) | \
+    st.sampled_from(["NaN", "Infinity", "é", "\ud800"])  # what sends a body to the stdlib's writer
+_scalars = st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats() | _text
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
+                       max_leaves=8)
+
+
+def _typed(raw: bytes) -> Any:
+    """The body read back with each number's type kept (30 and 30.0 differ), or the refusal."""
+    return json.loads(raw, parse_float=lambda s: ("float", float(s)))
+
+
+def _written(body: dict[str, Any]) -> Any:
+    try:
+        return _typed(wire_body(body))
+    except ValueError as exc:  # NaN or an infinity: refused, as httpx's json= refuses it
+        return ("refused", type(exc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_values, max_size=6), st.data(), st.dictionaries(_text, _values, max_size=3))
+def test_a_body_with_kept_parts_is_the_body_written_whole(items: list[Any], data: Any, rest: dict[str, Any]) -> None:
+    kept = data.draw(st.integers(0, len(items)))
+    parts: list[bytes | None] = []
+    for item in items[:kept]:  # some written for an earlier request, some not yet
+        try:
+            parts.append(wire_body(item) if data.draw(st.booleans()) else None)
+        except ValueError:
+            parts.append(None)
+    plain = {**rest, "messages": items, "model": "m"}
+    got = _written({**rest, "messages": Encoded(items, parts), "model": "m"})
+    assert got == _written(plain)
+    assert list(got if isinstance(got, dict) else plain) == list(plain)  # the fields in their order
+    if not isinstance(got, tuple):  # each kept item's bytes are now written, and are its own
+        assert all(p is not None and _typed(p) == _typed(wire_body(i)) for p, i in zip(parts, items, strict=False))
+
+
+def test_a_kept_part_is_joined_not_written_again() -> None:
+    parts: list[bytes | None] = [b'{"kept":true}', None]
+    out = wire_body({"messages": Encoded([{"role": "user", "content": "a"}, {"n": 2}, {"n": 3}], parts)})
+    assert out == b'{"messages":[{"kept":true},{"n":2},{"n":3}]}'  # the first as kept, never written again
+    assert parts == [b'{"kept":true}', b'{"n":2}']  # the second kept now; the third is past the parts: not kept
+
+
+class _Upstream(ReplyServer):
+    """A call per request until the conversation has `calls` results, then an answer."""
+
+    def __init__(self, calls: int) -> None:
+        super().__init__(self._reply)
+        self.calls = calls
+
+    def _reply(self, body: dict[str, Any]) -> dict[str, Any]:
+        done = sum(m.get("role") == "tool" for m in body["messages"])
+        return calls_reply(tool_call("noop", {"i": done}, id=f"call_{done}")) if done < self.calls else text_reply("done")
+
+
+def _converse(tmp: Path, upstream: _Upstream, monkeypatch: pytest.MonkeyPatch,
+              vary: Any = None) -> tuple[list[dict[str, Any]], list[int]]:
+    """One conversation through an in-process proxy to its answer: the messages each request sent, and
+    how many messages the proxy wrote for the upstream per request. `vary(messages, k)` edits the
+    k-th request's history in place before it goes."""
+    from loopfence.proxy import Proxy, Settings
+
+    writes: list[int] = []
+    real = _json.wire_body
+
+    def counted(value: Any) -> bytes:
+        if isinstance(value, dict) and "role" in value:
+            writes[-1] += 1
+        return real(value)
+
+    monkeypatch.setattr(_json, "wire_body", counted)  # what `Encoded` writes item by item
+    sent: list[list[dict[str, Any]]] = []
+
+    async def go() -> None:
+        proxy = Proxy(upstream.base_url, Settings(logs=tmp))
+        transport = httpx.ASGITransport(app=proxy.app)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "go", "n": 30.0}]}]
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1/v1", timeout=60) as client:
+            for k in range(upstream.calls + 1):
+                if vary is not None:
+                    vary(messages, k)
+                sent.append(json.loads(json.dumps(messages)))
+                writes.append(0)
+                got = await client.post("/chat/completions", json={"model": "m", "messages": messages, "tools": [
+                    {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]})
+                got.raise_for_status()
+                reply = got.json()["choices"][0]["message"]
+                messages.append(reply)
+                for c in reply.get("tool_calls") or []:
+                    messages.append({"role": "tool", "tool_call_id": c["id"], "content": f"ok {c['id']} " * 50})
+        await proxy.aclose()
+
+    asyncio.run(go())
+    return sent, writes
+
+
+def test_each_message_is_written_once_and_the_upstream_gets_what_was_sent(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    with _Upstream(4) as upstream:
+        sent, writes = _converse(tmp_path, upstream, monkeypatch)
+    assert len(upstream.requests) == len(sent) == 5
+    for body, messages in zip(upstream.requests, sent, strict=True):
+        assert body["messages"] == [{**m, "content": ""} if m["role"] == "assistant" and m.get("content") is None
+                                    else m for m in messages]  # as sent (a null content goes as "")
+    # the first request writes its one message; each next one writes its two new messages, and the user
+    # message again: its number makes it one compared by canonical JSON, never taken from before
+    assert writes == [1, 3, 3, 3, 3], writes
+
+
+def test_a_message_the_client_sends_again_with_its_number_written_otherwise_goes_as_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def vary(messages: list[dict[str, Any]], k: int) -> None:
+        messages[0]["content"][0]["n"] = 30 if k % 2 else 30.0  # the same number, as an int on odd requests
+
+    with _Upstream(3) as upstream:
+        _converse(tmp_path, upstream, monkeypatch, vary)
+    got = [type(body["messages"][0]["content"][0]["n"]) for body in upstream.requests]
+    assert got == [float, int, float, int]
