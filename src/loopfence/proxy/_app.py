@@ -97,18 +97,19 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         if length is not None and length.isdigit() and int(length) > max_body:
             raise BadRequest(f"the request body is {int(length)} bytes, over the proxy's limit of {max_body}",
                              None, 413)
-        data = bytearray()
+        parts, size = [], 0
         try:
             async with asyncio.timeout(BODY_TIMEOUT_S):  # a body sent a byte at a time holds a request slot
                 async for part in request.stream():
-                    data += part
-                    if len(data) > max_body:
+                    parts.append(part)
+                    size += len(part)
+                    if size > max_body:
                         raise BadRequest(f"the request body is over the proxy's limit of {max_body} bytes", None,
                                          413)
         except TimeoutError:
             raise BadRequest(f"the request body did not arrive within {BODY_TIMEOUT_S:g}s", None, 408) from None
-        raw = bytes(data)
-        del data
+        raw = b"".join(parts)  # copied once (a bytearray grown piece by piece copies it as it grows, then again)
+        del parts
         load.take(request.scope, raw)  # its weight once parsed, before it is parsed (413, 429)
         try:
             return loads(raw, strict=True, deep=deep)
