@@ -63,6 +63,9 @@ def test_a_kept_part_is_joined_not_written_again() -> None:
     out = wire_body({"messages": Encoded([{"role": "user", "content": "a"}, {"n": 2}, {"n": 3}], parts)})
     assert out == b'{"messages":[{"kept":true},{"n":2},{"n":3}]}'  # the first as kept, never written again
     assert parts == [b'{"kept":true}', b'{"n":2}']  # the second kept now; the third is past the parts: not kept
+    odd = {"messages": Encoded([{"n": 1}], [None]), 1: 2}  # a key JSON writes as text: the body written whole
+    assert wire_body(odd) == wire_body({"messages": [{"n": 1}], 1: 2})
+    assert Encoded([1, 2]).parts == [] and wire_body({"a": Encoded([1, 2])}) == b'{"a":[1,2]}'  # nothing kept
 
 
 class _Upstream(ReplyServer):
@@ -74,7 +77,9 @@ class _Upstream(ReplyServer):
 
     def _reply(self, body: dict[str, Any]) -> dict[str, Any]:
         done = sum(m.get("role") == "tool" for m in body["messages"])
-        return calls_reply(tool_call("noop", {"i": done}, id=f"call_{done}")) if done < self.calls else text_reply("done")
+        if done < self.calls:
+            return calls_reply(tool_call("noop", {"i": done}, id=f"call_{done}"))
+        return text_reply("done")
 
 
 def _converse(tmp: Path, upstream: _Upstream, monkeypatch: pytest.MonkeyPatch,

@@ -122,9 +122,9 @@ class Encoded(list):  # type: ignore[type-arg]
     (a proxy's upstream gets the whole history each request) has each message written once. `parts` is
     filled in place: whoever keeps it (the proxy's reading of a conversation) has them next time."""
 
-    def __init__(self, items: Any, parts: list[bytes | None]) -> None:
+    def __init__(self, items: Any = (), parts: list[bytes | None] | None = None) -> None:
         super().__init__(items)
-        self.parts = parts
+        self.parts = parts if parts is not None else []
 
     def pieces(self) -> list[bytes]:
         """The array's bytes in pieces (`wire_body` joins them once: a copy of a long conversation costs
@@ -152,7 +152,7 @@ def wire_body(value: Any) -> bytes:
     it (a third of the stdlib's time: a proxy sends a whole conversation each request); what it refuses
     (a lone surrogate, a type JSON lacks), or a body where it may have written NaN or an infinity, the
     stdlib writes (or refuses) as before. An object holding an `Encoded` array joins its kept parts."""
-    if type(value) is dict and any(type(v) is Encoded for v in value.values()):
+    if type(value) is dict and any(type(v) is Encoded for v in value.values()) and all(type(k) is str for k in value):
         pieces = [b"{"]
         for k, v in value.items():
             pieces += (b"," if len(pieces) > 1 else b"", wire_body(k), b":")
