@@ -69,6 +69,21 @@ def test_a_kept_part_is_joined_not_written_again() -> None:
     assert Encoded([1, 2]).parts == [] and wire_body({"a": Encoded([1, 2])}) == b'{"a":[1,2]}'  # nothing kept
 
 
+def test_a_message_sent_as_its_kept_bytes_is_not_copied_for_the_wire() -> None:
+    from loopfence._messages import Request
+    from loopfence.models import OpenAIModel
+
+    said = {"role": "assistant", "content": None, "tool_calls": []}  # goes as "" where it is written
+    asked = [{"role": "user", "content": "a"}, said, dict(said), dict(said)]
+    parts: list[bytes | None] = [b'{"kept":1}', b'{"kept":2}', None]  # the third written anew, the fourth past the parts
+    body = OpenAIModel("http://127.0.0.1:9/v1", model="m").body(Request(Encoded(asked, parts), [], {}))
+    sent = body["messages"]
+    assert type(sent) is Encoded and sent.parts is parts
+    assert sent[1] is said  # kept: sent as its bytes, never looked at (a long history is not copied each request)
+    assert sent[2]["content"] == "" and sent[3]["content"] == "" and asked[2]["content"] is None
+    assert wire_body(body).count(b'"content":""') == 2 and b'{"kept":2}' in wire_body(body)
+
+
 class _Upstream(ReplyServer):
     """A call per request until the conversation has `calls` results, then an answer."""
 

@@ -5,8 +5,10 @@ concurrent conversations through it, and the memory each open run holds.
 
 Every path gets the same traffic: conversations of a no-op call with fresh arguments per turn, then
 an answer (the client sends each turn's result back, as an agent does), one request at a time over a
-keep-alive connection. The upstream answers from the request itself, in a process of its own; each
-server is a process of its own. Added latency = the path's percentile minus the direct one's.
+keep-alive connection, the paths in lockstep (each turn's request along every path in turn, `_lockstep`:
+a drift over the run, such as a process's heap growing, falls on every path alike). The upstream answers
+from the request itself, in a process of its own; each server is a process of its own. Added latency =
+the path's percentile minus the direct one's.
 """
 
 from __future__ import annotations
@@ -173,33 +175,32 @@ def _window(length: int) -> range:
     return range(length - spread, length + spread + 1)
 
 
-def _grown(url: str, first: int, k: int, upto: int) -> list[tuple[int, float]]:
-    """k conversations through `url`, each grown until its requests carry `upto` messages: each
-    request's (messages sent, seconds)."""
-    out = []
-    with httpx.Client(timeout=120, transport=httpx.HTTPTransport(socket_options=NODELAY)) as client:
-        for c in range(first, first + k):
-            talk = Growing(c)
-            while len(talk.messages) <= upto:
-                n = len(talk.messages)
-                t0 = time.perf_counter()
-                got = client.post(f"{url}/chat/completions", json=talk.body())
-                out.append((n, time.perf_counter() - t0))
-                talk.take(got)
-    return out
-
-
-def _latencies(url: str, first: int, n: int) -> list[float]:
-    """Conversations first..first+n-1 through `url`, one request at a time: each request's seconds."""
-    out = []
-    with httpx.Client(timeout=60, transport=httpx.HTTPTransport(socket_options=NODELAY)) as client:
-        for k in range(first, first + n):
-            talk = Conversation(k)
-            while not talk.answered:
-                t0 = time.perf_counter()
-                got = client.post(f"{url}/chat/completions", json=talk.body())
-                out.append(time.perf_counter() - t0)
-                talk.take(got)
+def _lockstep(urls: dict[str, str], talk: Any, first: int, n: int,
+              reach: dict[str, int] | None = None) -> dict[str, list[tuple[int, float]]]:
+    """Conversations first..first+n-1 (`talk(k)`: a Conversation), each along every path in lockstep:
+    each turn's request goes to every path, one after the other (which path goes first rotates turn by
+    turn), so the paths are measured side by side, under the same drift (a process's heap growing, the
+    machine's clock), never one path's whole share before the next's. Each path's (messages sent,
+    seconds) per request; a conversation goes on until its answer, or past `reach[path]` messages."""
+    out: dict[str, list[tuple[int, float]]] = {name: [] for name in urls}
+    clients = {name: httpx.Client(timeout=120, transport=httpx.HTTPTransport(socket_options=NODELAY)) for name in urls}
+    try:
+        for c in range(first, first + n):
+            talks = {name: talk(c) for name in urls}
+            for turn in itertools.count():
+                live = [name for name, t in talks.items()
+                        if not t.answered and len(t.messages) <= (reach or {}).get(name, sys.maxsize)]
+                if not live:
+                    break
+                for name in live[turn % len(live):] + live[:turn % len(live)]:
+                    t, size = talks[name], len(talks[name].messages)
+                    t0 = time.perf_counter()
+                    got = clients[name].post(f"{urls[name]}/chat/completions", json=t.body())
+                    out[name].append((size, time.perf_counter() - t0))
+                    t.take(got)
+    finally:
+        for client in clients.values():
+            client.close()
     return out
 
 
@@ -299,11 +300,11 @@ def _sweep(cfg: dict[str, Any], tmp: Path, litellm: Child | str) -> tuple[str, d
                                             *(a for limit in SWEEP_LIMITS for a in ("--limit", limit))])
         if isinstance(litellm, Child):  # the shortest length only: LiteLLM is the per-request floor's peer
             servers["LiteLLM proxy"] = litellm
-        for name, server in servers.items():
-            assert isinstance(server, Child)
-            _grown(server.url, 90_000, 1, 12)  # warm-up
-            reach = max(_window(min(lengths))) if name == "LiteLLM proxy" else upto
-            samples[name] = _grown(server.url, 100_000, k, reach)
+        urls = {name: server.url for name, server in servers.items() if isinstance(server, Child)}
+        for url in urls.values():
+            _lockstep({"warm-up": url}, Growing, 90_000, 1, {"warm-up": 12})
+        reach = {name: max(_window(min(lengths))) if name == "LiteLLM proxy" else upto for name in urls}
+        samples = _lockstep(urls, Growing, 100_000, k, reach)
     finally:
         for name, server in servers.items():
             if isinstance(server, Child) and name != "LiteLLM proxy":
@@ -343,7 +344,7 @@ def _sweep(cfg: dict[str, Any], tmp: Path, litellm: Child | str) -> tuple[str, d
                     f"LiteLLM's {lite['added_p50_ms']:.2f} (goal at most {GOAL_VS_LITELLM:g} of it): "
                     f"{'met' if goals['vs_litellm'] else 'not met'}")
     md = "\n\n".join([
-        f"By conversation length: {k} conversations per path, each grown by one no-op call and a "
+        f"By conversation length: {k} conversations per path (in lockstep, as above), each grown by one no-op call and a "
         f"{RESULT_BYTES / 1024:.1f} KiB result per turn to {upto} messages; each length's figures are the requests "
         f"carrying {min(_window(min(lengths)))}-{max(_window(min(lengths)))} ... "
         f"{min(_window(max(lengths)))}-{max(_window(max(lengths)))} messages, the added latency the path's "
@@ -369,14 +370,14 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
                                                 "--max-concurrent", str(2 * cfg["concurrent"])])  # once, below
             litellm: Child | str = "skipped in --quick" if quick else _litellm(upstream.url, tmp)
             servers["LiteLLM proxy"] = litellm
-            first = 0
             for name, server in servers.items():
                 if isinstance(server, str):
                     notes.append(f"{name}: {server}.")
-                    continue
-                _latencies(server.url, 10_000 + first, 2)  # warm-up: connections, imports, first runs
-                lat = _latencies(server.url, first, n)
-                first += n
+                else:  # warm-up: connections, imports, first runs
+                    _lockstep({name: server.url}, Conversation, 10_000, 2)
+            urls = {name: server.url for name, server in servers.items() if isinstance(server, Child)}
+            for name, got in _lockstep(urls, Conversation, 0, n).items():
+                lat = [t for _, t in got]
                 data[name] = {"p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3, "requests": len(lat)}
             direct = data["direct"]
             for name, d in data.items():
@@ -410,7 +411,8 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
     c = data["concurrent"]
     md = "\n\n".join([
         f"{n} conversations per path, each {steps} no-op calls with fresh arguments then an answer "
-        f"({n * (steps + 1)} requests, one at a time over keep-alive); every server a process of its own, "
+        f"({n * (steps + 1)} requests, one at a time over keep-alive, the paths in lockstep: each turn's request "
+        "along every path in turn); every server a process of its own, "
         "the upstream answering from the request itself.",
         table(["path", "requests", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"], rows),
         "; ".join(goals) + ".", *notes,

@@ -257,8 +257,13 @@ class OpenAIModel:
             body.pop(k, None)
         if self.model:
             body["model"] = self.model
-        sent = [_outgoing(m) for m in request.messages]  # kept bytes stay with their messages (`Encoded`)
-        body["messages"] = Encoded(sent, request.messages.parts) if type(request.messages) is Encoded else sent
+        messages = request.messages
+        if type(messages) is Encoded:  # kept bytes stay with their messages; a message sent as them is not looked at
+            kept, n = messages.parts, len(messages.parts)
+            body["messages"] = Encoded([m if i < n and kept[i] is not None else _outgoing(m)
+                                        for i, m in enumerate(messages)], kept)
+        else:
+            body["messages"] = [_outgoing(m) for m in messages]
         if request.tools:
             body["tools"] = request.tools
             if "tool_choice" not in body:
