@@ -32,8 +32,10 @@ import httpx
 from ..report import Section, table
 
 TITLE = "Proxy"
-FULL = {"conversations": 200, "steps": 4, "concurrent": 100, "lengths": (10, 100, 500), "grown": 8}
-QUICK = {"conversations": 4, "steps": 2, "concurrent": 10, "lengths": (10, 30), "grown": 2}
+# grown: conversations grown to the longest length; short: more grown only through the shortest length's
+# window (its goals are read there: 8 conversations give it 32 requests, too few for a stable p50)
+FULL = {"conversations": 200, "steps": 4, "concurrent": 100, "lengths": (10, 100, 500), "grown": 8, "short": 50}
+QUICK = {"conversations": 4, "steps": 2, "concurrent": 10, "lengths": (10, 30), "grown": 2, "short": 2}
 RESULT_BYTES = 3900  # each tool result of the length sweep: ~1 MB of history at 500 messages
 GOAL_GROWTH = 1.5  # the proxy/bare ratio of added p50 at the longest length: at most this multiple of the shortest's
 SWEEP_LIMITS = ("max_steps=none", "max_tool_calls=none", "max_prompt_tokens=none", "max_completion_tokens=none",
@@ -305,6 +307,9 @@ def _sweep(cfg: dict[str, Any], tmp: Path, litellm: Child | str) -> tuple[str, d
             _lockstep({"warm-up": url}, Growing, 90_000, 1, {"warm-up": 12})
         reach = {name: max(_window(min(lengths))) if name == "LiteLLM proxy" else upto for name in urls}
         samples = _lockstep(urls, Growing, 100_000, k, reach)
+        shortest = dict.fromkeys(urls, max(_window(min(lengths))))
+        for name, got in _lockstep(urls, Growing, 200_000, cfg["short"], shortest).items():
+            samples[name] += got
     finally:
         for name, server in servers.items():
             if isinstance(server, Child) and name != "LiteLLM proxy":
@@ -345,7 +350,8 @@ def _sweep(cfg: dict[str, Any], tmp: Path, litellm: Child | str) -> tuple[str, d
                     f"{'met' if goals['vs_litellm'] else 'not met'}")
     md = "\n\n".join([
         f"By conversation length: {k} conversations per path (in lockstep, as above), each grown by one no-op call and a "
-        f"{RESULT_BYTES / 1024:.1f} KiB result per turn to {upto} messages; each length's figures are the requests "
+        f"{RESULT_BYTES / 1024:.1f} KiB result per turn to {upto} messages, and {cfg['short']} more to "
+        f"{max(_window(min(lengths)))} messages (LiteLLM goes that far only); each length's figures are the requests "
         f"carrying {min(_window(min(lengths)))}-{max(_window(min(lengths)))} ... "
         f"{min(_window(max(lengths)))}-{max(_window(max(lengths)))} messages, the added latency the path's "
         "percentile minus the direct one's over the same requests.",

@@ -93,6 +93,7 @@ class OpenAIModel:
             base = base[: -len("/chat/completions")]
         self.base_url = base
         self.url = base + "/chat/completions"
+        self._where: tuple[str, str] | None = None  # (url, the url as it may be shown): `_wire`
         self.model = model
         self._key = api_key or None
         self.stream = stream
@@ -185,12 +186,10 @@ class OpenAIModel:
         `self.url`), with `headers` in place of the Bearer key (another wire's auth), read as Chat
         Completions or by `read_json` / `read_event` (another wire translated to it): the Reply, or
         StopError. `acomplete` is this with the request's Chat Completions body."""
-        wire = self._wire(run_id, text)
-        wire = dataclasses.replace(
-            wire, url=url or wire.url, where=_safe_url(url or wire.url),
-            headers=wire.headers if headers is None else {**{k: v for k, v in wire.headers.items()
-                                                            if k != "Authorization"}, **headers},
-            **({"read_json": read_json} if read_json else {}), **({"read_event": read_event} if read_event else {}))
+        wire = self._wire(run_id, text, url, headers)
+        if read_json or read_event:
+            wire = dataclasses.replace(wire, **({"read_json": read_json} if read_json else {}),
+                                       **({"read_event": read_event} if read_event else {}))
         deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         retry = 0
         while True:
@@ -232,14 +231,24 @@ class OpenAIModel:
         self._check_time(deadline, force=True)
         raise AssertionError("unreachable: _check_time(force=True) raises")
 
-    def _wire(self, run_id: str | None = None, text: Callable[[str], None] | None = None) -> Wire:
+    def _wire(self, run_id: str | None = None, text: Callable[[str], None] | None = None, url: str | None = None,
+              auth: dict[str, str] | None = None) -> Wire:
+        """What an attempt needs: to `url` (default `self.url`), with `auth` in place of the Bearer key."""
         headers = {"Accept": "text/event-stream" if self.stream else "application/json",
                    "Content-Type": "application/json"}  # the body: _json.wire_body
         if run_id:  # which run asks: a server may key its state by it (FakeServer: one reply sequence per run)
             headers[RUN_ID_HEADER] = run_id
-        if self._key:
+        if auth is not None:
+            headers.update(auth)
+        elif self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        return Wire(self.url, _safe_url(self.url), headers, self.timeout.bounded(None), self.timeout.read,
+        if url is None or url == self.url:
+            if self._where is None or self._where[0] != self.url:  # (shown without credentials: made once per URL)
+                self._where = (self.url, _safe_url(self.url))
+            url, where = self._where
+        else:
+            where = _safe_url(url)
+        return Wire(url, where, headers, self.timeout.bounded(None), self.timeout.read,
                     self._redact, self.max_response_bytes, text)
 
     def body(self, request: Request) -> dict[str, Any]:

@@ -773,7 +773,7 @@ def precheck(f: FencedRun, shared: list[Any] | None = None) -> tuple[list[Any], 
     s.log = None  # the copy writes nothing
     released = []
     try:
-        for c in turn.calls:
+        for i, c in enumerate(turn.calls):
             verdict = sim.before_execution(s, c, False)
             if inspect.isawaitable(verdict):  # an approval that waits: the real pass asks
                 if inspect.iscoroutine(verdict):
@@ -783,8 +783,9 @@ def precheck(f: FencedRun, shared: list[Any] | None = None) -> tuple[list[Any], 
                 return released, verdict
             if verdict is None:
                 released.append(c)
-                s.ledger.tool_executions += 1
-                sim.after_execution(s, c, ToolResult("", True))
+                if i + 1 < len(turn.calls):  # as if it ran, for the calls after it (the last one's is not looked at)
+                    s.ledger.tool_executions += 1
+                    sim.after_execution(s, c, ToolResult("", True))
     finally:
         s.log, s.ledger.tool_executions, s.warning = saved
     return released, None
