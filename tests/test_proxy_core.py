@@ -191,3 +191,32 @@ def test_runs_waiting_on_their_clients_past_max_open_logs_rest_their_log_files(t
         checks = reconcile(tmp_path / f"{rid}.jsonl").checks
         assert all(c.ok for c in checks), [(c.name, c.detail) for c in checks if not c.ok]
     assert len(read_log(tmp_path / f"{ids[0]}.jsonl").of("request")) == 2
+
+
+def test_a_run_opens_its_notes_once_and_leaves_them_closed_with_every_line(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's notes file stays open while it goes on and closes when it ends: opened once in its life
+    (its last line is not written by closing the file and opening it again)."""
+    opened: list[Path] = []
+    real_open = Path.open
+
+    def counted(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self.parent.name == ".proxy":
+            opened.append(self)
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", counted)
+
+    async def go() -> tuple[list[httpx.Response], int]:
+        proxy = Proxy(fs.base_url, Settings(logs=tmp_path))
+        async with _client(proxy) as client:
+            return await _loop(client, "find x")
+
+    with FakeServer([calls_reply(tool_call("grep", {"pattern": f"p{i}"}, id=f"c{i}")) for i in range(2)]
+                    + [text_reply("done")]) as fs:
+        seen, _ = asyncio.run(go())
+    assert [r.status_code for r in seen] == [200, 200, 200] and seen[-1].json()["choices"][0]["message"]["content"] == "done"
+    assert len(opened) == 1, opened
+    notes = [json.loads(line) for line in opened[0].read_text(encoding="utf-8").splitlines()]
+    assert [next(iter(n)) for n in notes] == ["start"] + ["asked", "answered"] * 3  # every line, the last one included
+    assert _open_logs(tmp_path) == 0

@@ -7,11 +7,12 @@ import contextlib
 import io
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loopfence import Limits, Policy, RunLog, ScriptedModel, StopReason, run, tool, workspace_tools
@@ -558,3 +559,31 @@ def test_the_process_ids_a_harness_prints_are_not_part_of_an_outcome(a: int, b: 
     out = "AssertionError\nExit Code: 1\n"
     assert outcome_fingerprint(f"{out}{label}{a}\n") == outcome_fingerprint(f"{out}{label}{b}\n")
     assert outcome_fingerprint(f"{out}{label}{a}\n") != outcome_fingerprint(f"passed\nExit Code: 0\n{label}{a}\n")
+
+
+# the timing pattern as it was before its quantifiers were made possessive (issue 62): the same rewrite, faster
+_TIMING_BACKTRACKING = re.compile(
+    r"[0-9](?<![\w.][0-9])(?:[0-9]*(?:\.[0-9]+)?\s?(?:ms|µs|us|ns|s|sec|secs|seconds)\b"
+    r"|[0-9]*(?:-[0-9][0-9]-[0-9][0-9][T ][0-9][0-9]?)?:[0-9][0-9]:[0-9][0-9](?:[.,][0-9]+)?(?![0-9]))")
+_NEAR_TIMINGS = st.lists(st.sampled_from([*"0123456789", ".", ",", ":", "-", " ", "\n", "T", "s", "m", "µ", "u", "n",
+                                          "e", "c", "o", "d", "x", "_", " PID", " PGID", " PIDs", ": ", "=", "seconds", "sec"]),
+                         max_size=40).map("".join)
+
+
+@given(text=_NEAR_TIMINGS)
+@example(text="Process Group PGID: 25158 in 0.5s")  # (Gemini CLI's words)
+@example(text="Background PIDs: 101, 102 at 12:01:33.5")
+@settings(max_examples=500)
+def test_property_the_timing_and_pid_rewrites_are_the_ones_before(text: str) -> None:
+    from loopfence._repeats import _PIDS, _TIMING, _outcome
+    from loopfence._json import fingerprint
+
+    assert _TIMING.sub("<time>", text) == _TIMING_BACKTRACKING.sub("<time>", text)
+    before = fingerprint(_PIDS.sub(r"\1\2<pid>", _TIMING_BACKTRACKING.sub("<time>", text)))
+    assert _outcome(text) == before  # the process ids looked for only where "PID" or "PGID" is written
+
+
+def test_a_timing_and_a_pid_are_still_left_out() -> None:  # the property above compares; this says what they do
+    assert outcome_fingerprint("ran 12 tests in 0.53s at 12:01:33, PIDs: 101, 102") == \
+        outcome_fingerprint("ran 12 tests in 1.7 s at 09:14:02, PIDs: 7")
+    assert outcome_fingerprint("ran 12 tests") != outcome_fingerprint("ran 13 tests")

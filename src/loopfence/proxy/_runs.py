@@ -139,14 +139,11 @@ class WireRun:
         if self.notes is None:
             return
         text = json.dumps(fields) + "\n"  # ASCII: a lone surrogate in an answer is its escape
-        if self.fenced.finished:  # nothing more will come
-            self.rest()
-            with self.notes.open("a", encoding="utf-8") as out:
-                out.write(text)
-            return
         if self.notes_out is None:
             self.notes_out = self.notes.open("a", encoding="utf-8", buffering=1)
         self.notes_out.write(text)
+        if self.fenced.finished:  # nothing more will come: the file closes (not closed, then opened for this line)
+            self.rest()
 
     def rest(self) -> None:
         """Its notes file closed until the next line (its log rests apart: `RunLog.rest`)."""
@@ -386,9 +383,9 @@ class Runs:
         named_by = getattr(DIALECTS.get(incoming.wire or ""), "answer_id", None)
         if named_by is not None:  # a later request may name this answer (previous_response_id)
             self.by_answer[keyed(owner, named_by(made))] = run
+        run.note(answered=incoming.whole, answer=made.to_json())  # (before its files rest: a run that ended closes them)
         self.hold_open(run)
         self.remember(run, incoming.conv)
-        run.note(answered=incoming.whole, answer=made.to_json())
         return made, True
 
     def remember(self, run: WireRun, conv: str) -> None:
