@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,83 @@ def test_a_message_the_client_sends_again_with_its_number_written_otherwise_goes
         _converse(tmp_path, upstream, monkeypatch, vary)
     got = [type(body["messages"][0]["content"][0]["n"]) for body in upstream.requests]
     assert got == [float, int, float, int]
+
+
+def _tools(tag: str, minimum: Any) -> list[dict[str, Any]]:
+    """The upstream's `noop` and two more, their names tagged (the proxy keeps tools across its runs)."""
+    return [{"type": "function", "function": {"name": name, "description": f"does a thing ({tag}) " * 40, "parameters": {
+        "type": "object", "properties": {"i": {"type": "integer", "minimum": minimum}}, "required": ["i"],
+        "additionalProperties": False}}} for name in ("noop", f"{tag}_a", f"{tag}_b")]
+
+
+def _tool_writes(tmp: Path, monkeypatch: pytest.MonkeyPatch, tools_of: Any) -> tuple[list[int], list[Any], list[Any]]:
+    """A conversation of four requests through an in-process proxy, the k-th declaring `tools_of(k)`: how
+    many tools the proxy wrote for the upstream per request, the tools sent, and the tools the upstream got."""
+    from loopfence.proxy import Proxy, Settings
+
+    writes: list[int] = []
+    real = _json.wire_body
+
+    def counted(value: Any) -> bytes:
+        if isinstance(value, dict) and value.get("type") == "function":
+            writes[-1] += 1
+        return real(value)
+
+    monkeypatch.setattr(_json, "wire_body", counted)
+    sent: list[Any] = []
+
+    async def go() -> None:
+        proxy = Proxy(upstream.base_url, Settings(logs=tmp))
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy.app), base_url="http://127.0.0.1/v1",
+                                     timeout=60) as client:
+            for k in range(4):
+                tools = tools_of(k)
+                sent.append(json.loads(json.dumps(tools)))
+                writes.append(0)
+                got = await client.post("/chat/completions", json={"model": "m", "messages": messages, "tools": tools})
+                got.raise_for_status()
+                reply = got.json()["choices"][0]["message"]
+                messages.append(reply)
+                messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in reply["tool_calls"]]
+        await proxy.aclose()
+
+    with _Upstream(4) as upstream:
+        asyncio.run(go())
+        return writes, sent, [body["tools"] for body in upstream.requests]
+
+
+def test_the_same_tools_each_request_are_written_once_and_go_as_sent(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = _tools(f"once{uuid.uuid4().hex[:8]}", 0)
+    writes, sent, got = _tool_writes(tmp_path, monkeypatch, lambda k: tools)
+    assert got == sent and [_typed(json.dumps(g).encode()) for g in got] == [_typed(json.dumps(s).encode()) for s in sent]
+    assert writes == [3, 0, 0, 0], writes  # the three tools written for the first request, then their bytes kept
+
+
+def test_tools_the_same_to_equality_but_not_as_json_go_as_each_request_sent_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tag = f"typed{uuid.uuid4().hex[:8]}"
+    values = [0, False, 0.0, 0]  # equal to Python's ==, three different JSON values
+    writes, sent, got = _tool_writes(tmp_path, monkeypatch, lambda k: _tools(tag, values[k]))
+    minimums = [[type(t["function"]["parameters"]["properties"]["i"]["minimum"]) for t in g] for g in got]
+    assert minimums == [[int] * 3, [bool] * 3, [float] * 3, [int] * 3]  # never the bytes kept for an equal value
+    assert writes == [3, 3, 3, 0], writes  # the fourth is the first's again: its bytes kept
+
+
+@given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=30), size=st.integers(1, 5), budget=st.integers(1, 4000))
+@settings(max_examples=200)
+def test_the_kept_tool_arrays_stay_within_their_count_and_bytes(sizes: list[int], size: int, budget: int) -> None:
+    from loopfence.proxy._wire import _KnownTools
+
+    known = _KnownTools(size, budget)
+    for i, n in enumerate(sizes):
+        tools = [{"type": "function", "function": {"name": f"t{i}", "description": "x" * n}}]
+        key = known.key(tools)
+        assert key is not None and known.find(key) is None
+        canon, parts = known.keep(key, tools)
+        assert canon == _json.canonical_json(tools) and parts == [None]
+        weights = [known._weight(k, c) for k, (c, _) in known.kept.items()]
+        assert known.used == sum(weights) <= budget and len(known.kept) <= size
+        fits = known._weight(key, canon) <= budget
+        assert (known.find(key) is not None) == fits  # the newest is kept whenever it fits alone

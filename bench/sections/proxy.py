@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import re
 import socket
@@ -34,8 +35,10 @@ from ..report import Section, table
 TITLE = "Proxy"
 # grown: conversations grown to the longest length; short: more grown only through the shortest length's
 # window (its goals are read there: 8 conversations give it 32 requests, too few for a stable p50)
-FULL = {"conversations": 200, "steps": 4, "concurrent": 100, "lengths": (10, 100, 500), "grown": 8, "short": 50}
-QUICK = {"conversations": 4, "steps": 2, "concurrent": 10, "lengths": (10, 30), "grown": 2, "short": 2}
+# agent: conversations declaring a coding agent's tools (AGENT_TOOLS)
+FULL = {"conversations": 200, "steps": 4, "concurrent": 100, "lengths": (10, 100, 500), "grown": 8, "short": 50,
+        "agent": 100}
+QUICK = {"conversations": 4, "steps": 2, "concurrent": 10, "lengths": (10, 30), "grown": 2, "short": 2, "agent": 2}
 RESULT_BYTES = 3900  # each tool result of the length sweep: ~1 MB of history at 500 messages
 GOAL_GROWTH = 1.5  # the proxy/bare ratio of added p50 at the longest length: at most this multiple of the shortest's
 SWEEP_LIMITS = ("max_steps=none", "max_tool_calls=none", "max_prompt_tokens=none", "max_completion_tokens=none",
@@ -136,17 +139,26 @@ def _module(*args: str) -> list[str]:
 
 TOOLS = [{"type": "function", "function": {"name": "noop", "description": "Do nothing.", "parameters": {
     "type": "object", "properties": {"i": {"type": "integer"}}, "required": ["i"]}}}]
+# a coding agent's tools (tens of KB sent with every request): the upstream's noop and 19 more like an agent's
+AGENT_TOOLS = TOOLS + [{"type": "function", "function": {
+    "name": f"tool_{i}", "description": "Reads a file from the local filesystem. You can access any file directly "
+    "by using this tool; the path must be absolute. " * 18, "parameters": {
+        "type": "object", "properties": {f"arg_{j}": {"type": "string", "description": f"what argument {j} says, "
+                                                      "as the agent's documentation puts it " * 3} for j in range(6)},
+        "required": ["arg_0"], "additionalProperties": False}}} for i in range(19)]
 
 
 class Conversation:
     """One agent's conversation: each reply pushed back as it came, each call answered."""
+
+    tools = TOOLS
 
     def __init__(self, k: int) -> None:
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": f"Conversation {k}: call noop, then answer."}]
         self.answered = False
 
     def body(self) -> dict[str, Any]:
-        return {"model": "fake", "messages": self.messages, "tools": TOOLS}
+        return {"model": "fake", "messages": self.messages, "tools": self.tools}
 
     def take(self, got: httpx.Response) -> None:
         got.raise_for_status()
@@ -156,6 +168,12 @@ class Conversation:
         self.messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"ok {c['function']['arguments']}"}
                           for c in calls]
         self.answered = not calls
+
+
+class AgentConversation(Conversation):
+    """A conversation that declares a coding agent's tools (AGENT_TOOLS) with every request."""
+
+    tools = AGENT_TOOLS
 
 
 class Growing(Conversation):
@@ -385,6 +403,10 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
             for name, got in _lockstep(urls, Conversation, 0, n).items():
                 lat = [t for _, t in got]
                 data[name] = {"p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3, "requests": len(lat)}
+            agent = {name: url for name, url in urls.items() if name != "LiteLLM proxy"}  # (the floor's peer only)
+            for name, got in _lockstep(agent, AgentConversation, 40_000, cfg["agent"]).items():
+                lat = [t for _, t in got]
+                data[name]["agent_tools"] = {"p50_ms": _pct(lat, 50) * 1e3, "requests": len(lat)}
             direct = data["direct"]
             for name, d in data.items():
                 d["added_p50_ms"], d["added_p99_ms"] = d["p50_ms"] - direct["p50_ms"], d["p99_ms"] - direct["p99_ms"]
@@ -415,13 +437,18 @@ def run(frameworks: dict[str, ModuleType], quick: bool) -> Section:
         goals.append(f"and at most {GOAL_VS_LITELLM:g} of LiteLLM's ({lite:.2f} ms): "
                      f"{'met' if ours <= GOAL_VS_LITELLM * lite else 'not met'}")
     c = data["concurrent"]
+    with_tools = {name: d["agent_tools"]["p50_ms"] - data["direct"]["agent_tools"]["p50_ms"]
+                  for name, d in data.items() if name != "direct" and "agent_tools" in d}
+    agent_md = (f"The same with a coding agent's tools declared in every request ({len(AGENT_TOOLS)} tools, "
+                f"{len(json.dumps(AGENT_TOOLS)) // 1024} KiB; {cfg['agent']} conversations per path, in lockstep): "
+                + ", ".join(f"{name} adds {v:+.2f} ms p50" for name, v in with_tools.items()) + ".")
     md = "\n\n".join([
         f"{n} conversations per path, each {steps} no-op calls with fresh arguments then an answer "
         f"({n * (steps + 1)} requests, one at a time over keep-alive, the paths in lockstep: each turn's request "
         "along every path in turn); every server a process of its own, "
         "the upstream answering from the request itself.",
         table(["path", "requests", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"], rows),
-        "; ".join(goals) + ".", *notes,
+        "; ".join(goals) + ".", *notes, agent_md,
         f"{c['conversations']} conversations at once through the proxy: {c['requests']} requests, "
         f"{'all answered' if c['answered_all'] else 'NOT all answered'}, {c['wall_s']:.2f} s. "
         f"Memory: {c['rss_before_kib'] / 1024:.1f} MiB resident before, {c['rss_open_kib'] / 1024:.1f} MiB with "

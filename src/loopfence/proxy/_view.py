@@ -281,13 +281,13 @@ class _Reading:
         self._chain(item)
 
     def _chain(self, item: Item) -> None:
-        role = item[0]
+        role, canon = item[0], canonical_json(item)
         for bare in (0, 1):
             if bare and role == "system":
                 continue
             if role == "assistant" and self.chains[bare]:
                 self.cuts.append((-self.lengths[bare], bare, self.chains[bare]))
-            self.chains[bare] = hashlib.sha256(f"{self.chains[bare]}\n{canonical_json(item)}".encode(
+            self.chains[bare] = hashlib.sha256(f"{self.chains[bare]}\n{canon}".encode(
                 "utf-8", "surrogatepass")).hexdigest()[:32]
             self.lengths[bare] += 1
 

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import marshal
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from .._json import MAX_DEPTH, JsonLimitError, canonical_json, check_depth
+from .._json import MAX_DEPTH, Encoded, JsonLimitError, canonical_json, check_depth
 from ._view import digests, marks, read_kept, reading
 
 __all__ = ["BadRequest", "Incoming", "parse", "read_as", "tool_items", "turns", "checked_head", "kind", "MAX_MESSAGES", "MAX_TOOLS", "KNOWN_FIELDS"]
 
 MAX_MESSAGES = 4096  # a conversation longer than this is refused (no agent loop gets near it)
 MAX_TOOLS = 512
+MAX_KNOWN_TOOLS = 64  # the tool arrays whose canonical JSON and written bytes are kept (`_KnownTools`)
+KNOWN_TOOLS_BYTES = 16 << 20  # and what they may take together (their key, canonical JSON and bytes)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Chat Completions fields (OpenAI's, and the sampling fields llama.cpp and vLLM servers take): anything
 # else is refused, naming it, as OpenAI refuses an unrecognized argument.
@@ -99,6 +103,49 @@ class Incoming:
         return self.messages[(index + 1) if index is not None else 0:]
 
 
+class _KnownTools:
+    """The tool arrays requests declared, by their exact value (marshal's bytes: `true` is not `1`, nor
+    `30.0` `30`, as they are to `==`), each with its canonical JSON and its tools' bytes as written for
+    the upstream (`_json.Encoded`, filled as they are written): an agent that sends the same tools each
+    request (a coding agent's are tens of KB) has them depth-checked, canonicalised and written once.
+    The last MAX_KNOWN_TOOLS, within KNOWN_TOOLS_BYTES, the least recently sent first out."""
+
+    def __init__(self, size: int = MAX_KNOWN_TOOLS, budget: int = KNOWN_TOOLS_BYTES) -> None:
+        self.size, self.budget, self.used = size, budget, 0
+        self.kept: OrderedDict[bytes, tuple[str, list[bytes | None]]] = OrderedDict()
+
+    @staticmethod
+    def key(tools: list[Any]) -> bytes | None:
+        try:
+            return marshal.dumps(tools)
+        except ValueError:  # nested past marshal's depth: never kept (the depth check refuses it)
+            return None
+
+    def find(self, key: bytes | None) -> tuple[str, list[bytes | None]] | None:
+        got = self.kept.get(key) if key is not None else None
+        if got is not None:
+            self.kept.move_to_end(key)  # type: ignore[arg-type]  (found: a key)
+        return got
+
+    def keep(self, key: bytes, tools: list[Any]) -> tuple[str, list[bytes | None]]:
+        """The tools' canonical JSON and (empty) parts, kept for the next request that sends them."""
+        got = (canonical_json(tools), [None] * len(tools))
+        if self._weight(key, got[0]) <= self.budget:
+            self.kept[key] = got
+            self.used += self._weight(key, got[0])
+            while len(self.kept) > self.size or self.used > self.budget:
+                old, (canon, _) = self.kept.popitem(last=False)
+                self.used -= self._weight(old, canon)
+        return got
+
+    @staticmethod
+    def _weight(key: bytes, canon: str) -> int:
+        return len(key) + 2 * len(canon)  # (its bytes, once written, about as long as its canonical JSON)
+
+
+_TOOLS = _KnownTools()
+
+
 def parse(body: Any) -> Incoming:
     """The request checked: BadRequest naming the first field that is wrong."""
     if not isinstance(body, dict):
@@ -111,14 +158,18 @@ def parse(body: Any) -> Incoming:
     if not isinstance(tools, list):
         raise BadRequest(f"tools must be an array, got {kind(tools)}", "tools")
     _check_tools(tools)
+    key = _TOOLS.key(tools) if tools else None
+    known = _TOOLS.find(key)  # the same tools as a request before: checked, canonical and written then
     started = reading(messages)  # the known conversation it extends: only its new messages are checked and read
     going = started[1]
     try:  # its nesting: the rest of the body, and the messages not seen before (a message sits 2 levels in)
-        check_depth({k: v for k, v in body.items() if k != "messages"})
+        check_depth({k: v for k, v in body.items() if k != "messages" and (known is None or k != "tools")})
         for m in messages[len(going.messages):]:
             check_depth(m, MAX_DEPTH - 2)
     except JsonLimitError as exc:
         raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}") from None
+    if key is not None and known is None:
+        known = _TOOLS.keep(key, tools)
     going.checked = _check_messages(messages, len(going.messages), going.checked) if going.checked is not None \
         else _check_messages(messages)  # (one read from another wire was never checked as Chat Completions)
     _check_params(body)
@@ -128,8 +179,9 @@ def parse(body: Any) -> Incoming:
         raise BadRequest(f"stream_options must be an object, got {kind(options)}", "stream_options")
     params = {k: v for k, v in body.items() if k not in ("messages", "tools", "stream", "stream_options")}
     model = body.get("model")
-    return read_as(None, body, messages, tools, params, bool(options and options.get("include_usage")),
-                   model if isinstance(model, str) else None, started)
+    return read_as(None, body, messages, Encoded(tools, known[1]) if known is not None else tools, params,
+                   bool(options and options.get("include_usage")), model if isinstance(model, str) else None,
+                   started, known[0] if known is not None else None)
 
 
 def checked_head(body: Any, *, model: bool = True, cap: str | None = None,
@@ -184,13 +236,16 @@ def tool_items(tools: Any, at: str = "tools.{}") -> list[tuple[str, dict[str, An
 
 def read_as(wire: str | None, body: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict[str, Any]],
             params: dict[str, Any], include_usage: bool = False, model: str | None = None,
-            started: Any = None) -> Incoming:
+            started: Any = None, tools_canon: str | None = None) -> Incoming:
     """A request of `wire` (None: Chat Completions) read as Chat Completions (`messages`, `tools`,
     `params`), with its digests: the request's own (`whole`, the body but for how it streams) and
-    its view's (`_view`). `started`: `_view.reading(messages)`, if already looked up."""
+    its view's (`_view`). `started`: `_view.reading(messages)`, if already looked up; `tools_canon`:
+    the canonical JSON of the body's `tools`, if known (`_KnownTools`)."""
     kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     if wire is None and "messages" in kept:  # the body's canonical JSON, hashed on from the known part's
-        fields = [f"{canonical_json(k)}:{canonical_json(kept[k])}" for k in sorted(kept) if k != "messages"]
+        canon = {"tools": tools_canon} if tools_canon is not None else {}
+        fields = [f"{canonical_json(k)}:{canon[k] if k in canon else canonical_json(kept[k])}"
+                  for k in sorted(kept) if k != "messages"]
         before = sum(k < "messages" for k in kept)
         head = "{" + "".join(f"{f}," for f in fields[:before]) + '"messages":'
         seen, parts = read_kept(messages, started, (head, "".join(f",{f}" for f in fields[before:]) + "}"))
