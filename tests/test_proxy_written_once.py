@@ -226,19 +226,22 @@ def test_tools_the_same_to_equality_but_not_as_json_go_as_each_request_sent_them
     assert writes == [3, 3, 3, 0], writes  # the fourth is the first's again: its bytes kept
 
 
-@given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=30), size=st.integers(1, 5), budget=st.integers(1, 4000))
+@given(texts=st.lists(st.text(max_size=300), min_size=1, max_size=20), size=st.integers(1, 5),
+       budget=st.integers(1, 8000))
 @settings(max_examples=200)
-def test_the_kept_tool_arrays_stay_within_their_count_and_bytes(sizes: list[int], size: int, budget: int) -> None:
+def test_the_kept_tool_arrays_stay_within_their_count_and_bytes(texts: list[str], size: int, budget: int) -> None:
+    import sys
+
     from loopfence.proxy._wire import _KnownTools
 
     known = _KnownTools(size, budget)
-    for i, n in enumerate(sizes):
-        tools = [{"type": "function", "function": {"name": f"t{i}", "description": "x" * n}}]
+    for i, text in enumerate(texts):  # any text: wide characters and lone surrogates weigh more than they count
+        tools = [{"type": "function", "function": {"name": f"t{i}", "description": text}}]
         key = known.key(tools)
         assert key is not None and known.find(key) is None
         canon, parts = known.keep(key, tools)
         assert canon == _json.canonical_json(tools) and parts == [None]
-        weights = [known._weight(k, c) for k, (c, _) in known.kept.items()]
-        assert known.used == sum(weights) <= budget and len(known.kept) <= size
-        fits = known._weight(key, canon) <= budget
-        assert (known.find(key) is not None) == fits  # the newest is kept whenever it fits alone
+        wire_body({"tools": Encoded(tools, parts)})  # its bytes written, as the upstream body writes them
+        assert len(key) + sys.getsizeof(canon) + sum(len(p or b"") for p in parts) <= known.weight(key, canon)
+        assert known.used == sum(known.weights[k] for k in known.kept) <= budget and len(known.kept) <= size
+        assert (known.find(key) is not None) == (known.weight(key, canon) <= budget)  # the newest kept if it fits

@@ -253,7 +253,8 @@ class OpenAIModel:
 
     def body(self, request: Request) -> dict[str, Any]:
         """The JSON body sent for `request` (params may not override model, messages, tools, stream).
-        The run's messages are not changed; an assistant `content: null` is sent as "".
+        The run's messages are not changed; an assistant `content: null` is sent as "" (a message of an
+        `Encoded` list with its bytes kept stays as it is here: those bytes, written before, are sent).
 
         With tools, `tool_choice` goes too: the model's (default "auto", the OpenAI default, said
         out loud: llama-cpp-python's server ignores tools sent without it), unless params (or

@@ -383,9 +383,11 @@ class Runs:
         named_by = getattr(DIALECTS.get(incoming.wire or ""), "answer_id", None)
         if named_by is not None:  # a later request may name this answer (previous_response_id)
             self.by_answer[keyed(owner, named_by(made))] = run
-        run.note(answered=incoming.whole, answer=made.to_json())  # (before its files rest: a run that ended closes them)
-        self.hold_open(run)
-        self.remember(run, incoming.conv)
+        try:
+            run.note(answered=incoming.whole, answer=made.to_json())  # (before its files rest: an ended run's close)
+        finally:  # (a note that cannot be written leaves the run placed and counted all the same)
+            self.hold_open(run)
+            self.remember(run, incoming.conv)
         return made, True
 
     def remember(self, run: WireRun, conv: str) -> None:

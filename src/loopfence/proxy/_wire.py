@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import marshal
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +114,7 @@ class _KnownTools:
     def __init__(self, size: int = MAX_KNOWN_TOOLS, budget: int = KNOWN_TOOLS_BYTES) -> None:
         self.size, self.budget, self.used = size, budget, 0
         self.kept: OrderedDict[bytes, tuple[str, list[bytes | None]]] = OrderedDict()
+        self.weights: dict[bytes, int] = {}
 
     @staticmethod
     def key(tools: list[Any]) -> bytes | None:
@@ -129,18 +131,22 @@ class _KnownTools:
 
     def keep(self, key: bytes, tools: list[Any]) -> tuple[str, list[bytes | None]]:
         """The tools' canonical JSON and (empty) parts, kept for the next request that sends them."""
-        got = (canonical_json(tools), [None] * len(tools))
-        if self._weight(key, got[0]) <= self.budget:
+        canon = canonical_json(tools)
+        got, weight = (canon, [None] * len(tools)), self.weight(key, canon)
+        if weight <= self.budget:
             self.kept[key] = got
-            self.used += self._weight(key, got[0])
+            self.weights[key] = weight
+            self.used += weight
             while len(self.kept) > self.size or self.used > self.budget:
-                old, (canon, _) = self.kept.popitem(last=False)
-                self.used -= self._weight(old, canon)
+                old, _ = self.kept.popitem(last=False)
+                self.used -= self.weights.pop(old)
         return got
 
     @staticmethod
-    def _weight(key: bytes, canon: str) -> int:
-        return len(key) + 2 * len(canon)  # (its bytes, once written, about as long as its canonical JSON)
+    def weight(key: bytes, canon: str) -> int:
+        """What an entry holds at most: its key, its canonical JSON as a str, and its tools' bytes once
+        written (at most twice the canonical JSON's UTF-8: a lone surrogate's 3 bytes written as 6)."""
+        return len(key) + sys.getsizeof(canon) + 2 * len(canon.encode("utf-8", "surrogatepass"))
 
 
 _TOOLS = _KnownTools()
