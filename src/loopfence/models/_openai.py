@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import random
 import ssl
@@ -93,7 +94,6 @@ class OpenAIModel:
             base = base[: -len("/chat/completions")]
         self.base_url = base
         self.url = base + "/chat/completions"
-        self._where: tuple[str, str] | None = None  # (url, the url as it may be shown): `_wire`
         self.model = model
         self._key = api_key or None
         self.stream = stream
@@ -242,13 +242,8 @@ class OpenAIModel:
             headers.update(auth)
         elif self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        if url is None or url == self.url:
-            if self._where is None or self._where[0] != self.url:  # (shown without credentials: made once per URL)
-                self._where = (self.url, _safe_url(self.url))
-            url, where = self._where
-        else:
-            where = _safe_url(url)
-        return Wire(url, where, headers, self.timeout.bounded(None), self.timeout.read,
+        url = url or self.url
+        return Wire(url, _safe_url(url), headers, self.timeout.bounded(None), self.timeout.read,
                     self._redact, self.max_response_bytes, text)
 
     def body(self, request: Request) -> dict[str, Any]:
@@ -354,6 +349,7 @@ def _outgoing(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
+@functools.lru_cache(maxsize=64)  # each request's URL as shown: a model's few URLs, parsed once each
 def _safe_url(url: str) -> str:
     """The URL without user:password and without a query string (either could carry a secret)."""
     try:

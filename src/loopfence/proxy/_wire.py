@@ -249,8 +249,7 @@ def read_as(wire: str | None, body: dict[str, Any], messages: list[dict[str, Any
     the canonical JSON of the body's `tools`, if known (`_KnownTools`)."""
     kept = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     if wire is None and "messages" in kept:  # the body's canonical JSON, hashed on from the known part's
-        canon = {"tools": tools_canon} if tools_canon is not None else {}
-        fields = [f"{canonical_json(k)}:{canon[k] if k in canon else canonical_json(kept[k])}"
+        fields = [f"{canonical_json(k)}:{tools_canon if k == 'tools' and tools_canon else canonical_json(kept[k])}"
                   for k in sorted(kept) if k != "messages"]
         before = sum(k < "messages" for k in kept)
         head = "{" + "".join(f"{f}," for f in fields[:before]) + '"messages":'
