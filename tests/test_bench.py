@@ -97,3 +97,44 @@ def test_the_profile_drives_a_real_run_on_the_profiled_thread(monkeypatch: pytes
         outcome = go()
     assert outcome.executions == 3 and outcome.answered
     assert threads == [threading.get_ident()] * 4
+
+FLOOR = ROOT / "bench" / "proxy_floor.py"
+
+
+def _floor(*args: str) -> str:
+    proc = subprocess.run([sys.executable, str(FLOOR), "--rounds", "1", "--stages", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _stages(out: str) -> dict[str, tuple[float, float]]:
+    """The proxy's stage lines: label -> (median, mean) ms per request."""
+    got = {}
+    for line in out.splitlines():
+        head, _, nums = line.rstrip().rpartition(" ")
+        label, _, median = head.rstrip().rpartition(" ")
+        if line.startswith("  ") and label.strip() and not label.strip().startswith("stage"):
+            got[label.strip()] = (float(median), float(nums))
+    return got
+
+
+def test_the_proxy_floor_says_where_the_proxys_time_goes() -> None:
+    """`bench/proxy_floor.py --stages`: every stage is timed on the proxy's requests, a nested stage
+    within the one above it; at a length, only the requests carrying its window count (4 grown
+    conversations: the requests carrying 7, 9, 11 and 13 messages), so no run's start is among them,
+    where every short conversation's first request starts one."""
+    grown = _floor("--length", "10", "--conversations", "4")
+    assert "loopfence proxy    p50" in grown and "(16 requests)" in grown, grown
+    at = _stages(grown)
+    whole, answered = at["the whole request (ASGI call to its end)"], at["run placed, fenced and answered (Runs.answer)"]
+    upstream, canned = at["upstream: body written, sent, reply read"], at["of which the canned upstream's own answer"]
+    assert whole[1] > answered[1] > upstream[1] > canned[1] > 0, at
+    for label in ("results through the guards, logged", "request's budgets, logged", "reply checked, logged",
+                  "reply's calls prechecked (settle)", "of these: log events written", "of these: notes written"):
+        assert 0 < at[label][1] < answered[1], (label, at)
+    for label in ("request checked and read (parse: digests, view)", "body parsed (JSON)", "body weighed"):
+        assert 0 < at[label][1] < whole[1] - answered[1], (label, at)
+    assert at["run started (its first request)"] == (0.0, 0.0), at
+    short = _stages(_floor("--conversations", "4"))
+    assert short["run started (its first request)"][1] > 0, short  # one request in five starts its run
