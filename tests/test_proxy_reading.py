@@ -102,6 +102,8 @@ def test_a_request_reads_as_on_a_fresh_proxy(monkeypatch: pytest.MonkeyPatch, se
         got = _view.read(messages)
         assert got == _fresh(messages, monkeypatch)
         assert got == _reference(messages)
+        users = frozenset(d for it, d in zip(got.items, got.texts, strict=True) if it[0] == "user")
+        assert _view.marks(got)[1] == users
 
 
 def _chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -198,3 +200,27 @@ def test_a_run_of_one_role_is_joined_once(monkeypatch: pytest.MonkeyPatch) -> No
     got = _view.read(messages)
     assert len(got.items) == 1 and got.items[0][1].startswith("0 x")
     assert digested[0] < 8 * sum(len(m["content"]) for m in messages), digested[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=8), st.lists(st.text("0123456789abcdef", min_size=32, max_size=32), max_size=12),
+       st.lists(st.integers(-14, 14), max_size=6))
+def test_a_sessions_cuts_are_salted_as_they_are_read(session: str, plain: list[str], reads: list[int]) -> None:
+    """`Incoming.scoped` salts a request's cuts as they are read (a request is placed by its first one
+    or two; a long conversation has hundreds): whatever is read of them, by index, slice or iteration,
+    is what salting them all gives, and only what is read is salted."""
+    from loopfence.proxy._wire import Salted, salted
+
+    whole = tuple(salted(session, d) for d in plain)
+    lazy = Salted(session, plain)
+    for i in reads:
+        if -len(whole) <= i < len(whole):
+            assert lazy[i] == whole[i]
+        else:
+            with pytest.raises(IndexError):
+                lazy[i]
+    assert len(lazy.done) == len({i % len(whole) for i in reads if -len(whole) <= i < len(whole)})
+    assert next(iter(lazy), None) == (whole[0] if whole else None)
+    assert lazy[1:4] == whole[1:4] and lazy[::-2] == whole[::-2]
+    assert lazy == whole and list(lazy) == list(whole) and len(lazy) == len(whole) and hash(lazy) == hash(whole)
+    assert all(d in lazy for d in whole) and "0" * 32 not in Salted(session, [])

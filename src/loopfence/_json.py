@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 try:  # the fast paths (pydantic's own serializer and parser, compiled); the stdlib's when refused or absent
     from pydantic_core import from_json as _fast_parse
@@ -126,20 +126,32 @@ class Encoded(list):  # type: ignore[type-arg]
         super().__init__(items)
         self.parts = parts if parts is not None else []
 
+    def written(self) -> int:
+        """How many items at its start have their bytes kept (a search in C: a long conversation's every
+        request has them all but its new messages)."""
+        head = min(len(self.parts), len(self))
+        try:
+            return self.parts.index(None, 0, head)
+        except ValueError:
+            return head
+
     def pieces(self) -> list[bytes]:
         """The array's bytes in pieces (`wire_body` joins them once: a copy of a long conversation costs
-        more than writing its few new messages), its items' parts written first where they are missing."""
-        parts, kept = self.parts, len(self.parts)
-        out = [b"["]
-        for i, item in enumerate(self):
+        more than writing its few new messages), its items' parts written first where they are missing.
+        The parts kept at its start are laid in by slicing, not item by item."""
+        parts, first = self.parts, self.written()
+        out: list[bytes] = [b","] * (2 * first) or [b"["]
+        out[1::2] = cast("list[bytes]", parts[:first])  # [",", p0, ",", p1 ...]: the separators between them
+        out[0] = b"["
+        for i in range(first, len(self)):
             if i:
                 out.append(b",")
-            if i >= kept:
-                out.append(wire_body(item))
+            if i >= len(parts):
+                out.append(wire_body(self[i]))
                 continue
             part = parts[i]
             if part is None:
-                part = parts[i] = wire_body(item)
+                part = parts[i] = wire_body(self[i])
             out.append(part)
         out.append(b"]")
         return out

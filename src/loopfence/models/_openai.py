@@ -264,9 +264,11 @@ class OpenAIModel:
             body["model"] = self.model
         messages = request.messages
         if type(messages) is Encoded:  # kept bytes stay with their messages; a message sent as them is not looked at
-            kept, n = messages.parts, len(messages.parts)
-            body["messages"] = Encoded([m if i < n and kept[i] is not None else _outgoing(m)
-                                        for i, m in enumerate(messages)], kept)
+            kept, n, first = messages.parts, len(messages.parts), messages.written()
+            sent = messages[:first]  # (those with their bytes kept from the start: copied in C, not one by one)
+            sent += [m if i < n and kept[i] is not None else _outgoing(m)
+                     for i, m in enumerate(messages[first:], first)]
+            body["messages"] = Encoded(sent, kept)
         else:
             body["messages"] = [_outgoing(m) for m in messages]
         if request.tools:

@@ -158,8 +158,9 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
                                f"{named[:128]!r} in X-Loopfence-Run; send one", RUN_HEADER)
             named, session = in_path, None
         ua = request.headers.get("user-agent", "")
-        # the request's digest as its run keeps it (a session's are scoped to it): delivery marks it
-        whole = incoming.scoped(session).whole if session is not None and named is None else incoming.whole
+        if session is not None and named is None:  # its digests scoped to its session, once (`Runs.answer` takes them)
+            incoming = incoming.scoped(session)
+        whole = incoming.whole  # the request's digest as its run keeps it: delivery marks it
         if incoming.stream:
             return await _streamed(incoming, named, ua, who, session, dialect, whole, request.scope)
         task = _spawn(runs.answer(incoming, named=named, user_agent=ua, owner=who, session=session), request.scope)

@@ -470,7 +470,7 @@ class Runs:
     def continues(run: WireRun, incoming: Incoming) -> bool:
         """Whether the request extends the run's latest request (always so for a run found by its
         conversation; under a name, another conversation of the session may come in between)."""
-        return run.conv is None or bool(set(run.conv.split()) & set(incoming.extends))
+        return run.conv is None or not set(run.conv.split()).isdisjoint(incoming.extends)  # (read up to a match)
 
     def _new_id(self, named: str | None, owner: str | None) -> str:
         if named is None:

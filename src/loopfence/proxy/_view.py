@@ -16,11 +16,13 @@ the action a reply asks for, which the proxy fences as a call (docs/proxy.md, "T
 from __future__ import annotations
 
 import ast
+import bisect
 import hashlib
 import re
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from .._json import canonical_json, loads  # bounded: deep nesting is a ValueError, never a RecursionError
@@ -227,7 +229,7 @@ class _Reading:
     open: list[Seen] = field(default_factory=list)
     chains: list[str] = field(default_factory=lambda: ["", ""])
     lengths: list[int] = field(default_factory=lambda: [0, 0])
-    cuts: list[tuple[int, int, str]] = field(default_factory=list)
+    cuts: list[tuple[int, int, str]] = field(default_factory=list)  # (-length, chain, digest), in order
     # each message's bytes as the upstream gets it, once written (`_json.Encoded`; None until then, and for a
     # message no key holds: the messages it is compared by may differ in how a number is written)
     wires: list[bytes | None] = field(default_factory=list)
@@ -285,8 +287,8 @@ class _Reading:
         for bare in (0, 1):
             if bare and role == "system":
                 continue
-            if role == "assistant" and self.chains[bare]:
-                self.cuts.append((-self.lengths[bare], bare, self.chains[bare]))
+            if role == "assistant" and self.chains[bare]:  # (kept in their order: longest first)
+                bisect.insort(self.cuts, (-self.lengths[bare], bare, self.chains[bare]))
             self.chains[bare] = hashlib.sha256(f"{self.chains[bare]}\n{canon}".encode(
                 "utf-8", "surrogatepass")).hexdigest()[:32]
             self.lengths[bare] += 1
@@ -296,7 +298,10 @@ class _Reading:
         if final.open:
             final._close()
         return Read(tuple(final.items), tuple(final.digests), tuple(final.texts), tuple(final.canons),
-                    " ".join(final.chains), tuple(d for _, _, d in sorted(final.cuts)))
+                    " ".join(final.chains), tuple(map(_CUT, final.cuts)))
+
+
+_CUT = itemgetter(2)  # a cut's digest
 
 
 def _joined(run: list[Seen]) -> tuple[Item, str, str]:
@@ -420,8 +425,11 @@ def marks(seen: Read) -> tuple[str, frozenset[str], tuple[str, ...]]:
             answers.append(seen.digests[i])
             if len(answers) == MARKED:
                 break
-    users = frozenset(d for item, d in zip(items, seen.texts, strict=True) if item[0] == "user")
+    users = frozenset(seen.texts) - _NO_TEXT  # (a user item's digest; "" for the other roles)
     return _digest(items[:n]), users, tuple(answers)
+
+
+_NO_TEXT = frozenset({""})
 
 
 def task_marks(messages: list[dict[str, Any]]) -> frozenset[str]:

@@ -14,8 +14,9 @@ import hashlib
 import marshal
 import sys
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from .._json import MAX_DEPTH, Encoded, JsonLimitError, canonical_json, check_depth
 from ._view import digests, marks, read_kept, reading
@@ -57,6 +58,50 @@ class BadRequest(ValueError):
                           "code": None}}
 
 
+def salted(session: str, digest: str) -> str:
+    """A digest scoped to a session (`Incoming.scoped`)."""
+    return hashlib.sha256(f"{session}\n{digest}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class Salted(Sequence[str]):
+    """Digests scoped to a session, each salted when it is first read: a request is placed by its first
+    cut or two (the run it continues), where a long conversation has hundreds. Equal to the tuple of
+    them all salted."""
+
+    __slots__ = ("session", "plain", "done")
+
+    def __init__(self, session: str, plain: Sequence[str]) -> None:
+        self.session, self.plain = session, tuple(plain)
+        self.done: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.plain)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[str, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self.plain))))
+        i = range(len(self.plain))[i]  # (an IndexError past either end; a negative index from the end)
+        got = self.done.get(i)
+        if got is None:
+            got = self.done[i] = salted(self.session, self.plain[i])
+        return got
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Salted({self.session!r}, {len(self.plain)} digests)"
+
+
 @dataclass(frozen=True)
 class Incoming:
     """One checked request: its messages and tools as sent, the other fields (`params`), whether it
@@ -71,7 +116,7 @@ class Incoming:
     model: str | None
     whole: str = ""
     conv: str = ""  # the digest of the request's normalised view (`_view.digests`)
-    extends: tuple[str, ...] = ()  # the digests of its views cut before each assistant message, longest first
+    extends: Sequence[str] = ()  # the digests of its views cut before each assistant message, longest first
     scope: str | None = None  # the session its digests are scoped to (`scoped`)
     opening: str = ""  # the digest of its leading system messages (`_view.marks`)
     users: frozenset[str] = frozenset()  # the digests of its user messages' texts
@@ -87,11 +132,11 @@ class Incoming:
 
     def scoped(self, session: str) -> Incoming:
         """The request with every digest scoped to `session`: it retries and continues only the
-        conversations of that session, and the same conversation in two sessions is two."""
-        def salt(d: str) -> str:
-            return hashlib.sha256(f"{session}\n{d}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
-        return dataclasses.replace(self, whole=salt(self.whole), conv=" ".join(salt(d) for d in self.conv.split()),
-                                   extends=tuple(salt(d) for d in self.extends), opening=salt(self.opening),
+        conversations of that session, and the same conversation in two sessions is two. Its cuts
+        (`extends`: one per assistant message) are salted as they are read (`Salted`)."""
+        return dataclasses.replace(self, whole=salted(session, self.whole),
+                                   conv=" ".join(salted(session, d) for d in self.conv.split()),
+                                   extends=Salted(session, self.extends), opening=salted(session, self.opening),
                                    scope=session)
 
     def last_assistant(self) -> int | None:
