@@ -4,16 +4,18 @@ over httpx's ASGI transport, no sockets. What the proxy adds over the bare app h
 the body weighed and parsed, the Chat Completions check and the digests, the fence's steps (results,
 budgets, the reply, its calls prechecked, the log and the notes), the upstream body, the answer.
 
-    .venv/bin/python bench/proxy_floor.py [--conversations 200] [--agent-tools] [--length 10] [--stages] [--rounds 2]
+    .venv/bin/python bench/proxy_floor.py [--conversations 200] [--agent-tools] [--length 10] [--stages]
+        [--session ID] [--rounds 2]
 
 Short conversations as the proxy section drives them (4 no-op calls, then an answer); `--agent-tools`
 declares the section's coding-agent tools (AGENT_TOOLS, 68 KiB) with every request; `--length N`
 drives the section's length sweep instead (conversations grown by a call and a RESULT_BYTES result per
 turn, the figures read from the requests carrying N's window of messages, as the section reads them:
-run starts fall outside it). Each round runs the bare app, then the proxy; a figure is the time from
-the ASGI call to its end, per request, p50 and mean. `--stages` says where the proxy's time goes: each
-stage's time per request (median, mean), a nested stage part of the one above it (the timers add a
-microsecond or so per stage to the proxy's figures).
+run starts fall outside it); `--session ID` sends every request under a session header. Each round
+runs the bare app, then the proxy; a figure is the time from the ASGI call to its end, per request, p50
+and mean. `--stages` says where the proxy's time goes: each stage's time per request (median, mean), a
+nested stage part of the one above it (the timers add a microsecond or so per stage to the proxy's
+figures).
 """
 
 from __future__ import annotations
@@ -131,10 +133,13 @@ def _timed(app: Any, seconds: list[float], stages: Stages | None) -> Any:
 
 
 async def _drive(app: Any, first: int, n: int, tools: list[dict[str, Any]], upto: int | None,
-                 sizes: list[int]) -> None:
+                 sizes: list[int], session: str | None = None) -> None:
     """Conversations first..first+n-1 through `app`: short ones to their answer, or (`upto`) grown ones
-    until they carry more than `upto` messages; each request's message count goes to `sizes`."""
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1/v1") as client:
+    until they carry more than `upto` messages; each request's message count goes to `sizes`. `session`:
+    sent as `x-session-id` with every request (as opencode sends its session's id)."""
+    headers = {"x-session-id": session} if session is not None else None
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1/v1",
+                                 headers=headers) as client:
         for k in range(first, first + n):
             talk = Growing(k) if upto is not None else Conversation(k)
             talk.tools = tools
@@ -143,7 +148,8 @@ async def _drive(app: Any, first: int, n: int, tools: list[dict[str, Any]], upto
                 talk.take(await client.post("/chat/completions", json=talk.body()))
 
 
-async def main(n: int, tools: list[dict[str, Any]], rounds: int, length: int | None, staged: bool) -> None:
+async def main(n: int, tools: list[dict[str, Any]], rounds: int, length: int | None, staged: bool,
+               session: str | None = None) -> None:
     canned = _upstream(None if length is not None else SHORT_STEPS)
     stages = Stages() if staged else None
     if stages is not None:
@@ -166,11 +172,11 @@ async def main(n: int, tools: list[dict[str, Any]], rounds: int, length: int | N
             for name, app in (("bare pass-through", bare), ("loopfence proxy", proxy.app)):
                 seconds: list[float] = []
                 sizes: list[int] = []
-                await _drive(app, 1_000_000 * (r + 1), 20, tools, upto, [])  # warm-up
+                await _drive(app, 1_000_000 * (r + 1), 20, tools, upto, [], session)  # warm-up
                 if stages is not None:
                     stages.per_request.clear()
                 await _drive(_timed(app, seconds, stages if app is proxy.app else None), 10_000 * (r + 1), n, tools,
-                             upto, sizes)
+                             upto, sizes, session)
                 kept = [window is None or size in window for size in sizes]
                 xs = [s for s, k in zip(seconds, kept, strict=True) if k]
                 print(f"round {r + 1}: {name:18s} p50 {statistics.median(xs) * 1e3:.3f} ms, mean "
@@ -187,8 +193,10 @@ if __name__ == "__main__":
     p.add_argument("--length", type=int, help="the length sweep's conversations, read at this many messages (10: "
                    "the requests carrying 6-14)")
     p.add_argument("--stages", action="store_true", help="where the proxy's time goes, stage by stage")
+    p.add_argument("--session", metavar="ID",
+                   help="send x-session-id: ID with every request (a session's conversations)")
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()
     if a.length is not None and a.length < 1:
         p.error(f"--length must be 1 or more, got {a.length}")
-    asyncio.run(main(a.conversations, AGENT_TOOLS if a.agent_tools else TOOLS, a.rounds, a.length, a.stages))
+    asyncio.run(main(a.conversations, AGENT_TOOLS if a.agent_tools else TOOLS, a.rounds, a.length, a.stages, a.session))

@@ -138,3 +138,5 @@ def test_the_proxy_floor_says_where_the_proxys_time_goes() -> None:
     assert at["run started (its first request)"] == (0.0, 0.0), at
     short = _stages(_floor("--conversations", "4"))
     assert short["run started (its first request)"][1] > 0, short  # one request in five starts its run
+    under = _floor("--length", "10", "--conversations", "4", "--session", "ses_floor")  # a session's conversations
+    assert "(16 requests)" in under and _stages(under)["run started (its first request)"] == (0.0, 0.0), under
