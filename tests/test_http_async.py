@@ -171,6 +171,32 @@ def test_cancelling_acomplete_closes_the_connection(head: bytes) -> None:
         assert srv.closed.is_set()
 
 
+def test_a_full_pool_waits_its_pool_timeout_for_a_place_then_says_so() -> None:
+    """One place in the pool (max_connections=1), held by a request the server never answers: the
+    next request waits the pool timeout for the place, then stops naming that timeout; once the place
+    is given back, a request takes it."""
+    async def main(srv: Silent) -> None:
+        model = OpenAIModel(srv.base_url, "m", max_retries=0, limits=httpx.Limits(max_connections=1),
+                            timeout=Timeouts(connect=30, read=60, write=30, pool=0.2))
+        held = asyncio.create_task(model.acomplete(req()))
+        await _until(srv.got_request)
+        with pytest.raises(StopError) as e:
+            async with asyncio.timeout(30):  # (a wait without its bound would hang here)
+                await model.acomplete(req())
+        assert e.value.stop.reason is StopReason.ENDPOINT_ERROR and "pool timeout" in e.value.stop.detail, e.value
+        assert not held.done()
+        held.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await held
+        with FakeServer([OK]) as fake:  # the place given back: the next request takes it, and is answered
+            got = await model.apost({"model": "m", "messages": []}, url=fake.base_url + "/chat/completions")
+        assert got.content == "ok"
+        await model.aclose()
+
+    with silent() as srv:
+        asyncio.run(main(srv))
+
+
 def test_the_runs_clock_cancels_the_request_and_closes_it() -> None:
     """The adapter keeps no run clock of its own: a cancel from outside (the run's wall-clock scope)
     cancels the request and closes its connection."""

@@ -94,19 +94,20 @@ class Fence:
         return self.results[-1] if self.results else None
 
     def tool(self, name: str, parameters: Mapping[str, Any] | None = None, description: str = "",
-             fn: Callable[..., Any] | None = None) -> Tool:
+             fn: Callable[..., Any] | None = None, isolation: str = "async") -> Tool:
         """The loopfence Tool for a framework's tool, from its JSON schema: the contract binds a call's
         arguments to it (defaults applied) for the canonical key; the kind, untrusted and privileged
         flags come from this fence. `fn`: the tool's Python function, where the framework gives it:
         its signature binds the arguments (as `loopfence.tool(fn)` does, ~10x faster than the schema)
         when its parameters are the schema's properties (modelled at the tool's first call); the
-        schema is what the log records either way."""
+        schema is what the log records either way. `isolation`: "async" (the framework's function runs
+        under the tool timeout) or "inline" (a result already in hand, as the proxy's: nothing to time)."""
         params = dict(parameters or {"type": "object"})
         return _FrameworkTool.from_schema(name, framework_call, params, description=description,
                                           kind=self.kinds.get(name, self.default_kind),
                                           untrusted=name in self.untrusted,
                                           privileged=self.privileged is not None and name in self.privileged,
-                                          isolation="async", source=fn)
+                                          isolation=isolation, source=fn)
 
     def start(self, task: str, tools: Iterable[Tool], *, framework: str, version: str | None = None,
               model: str | None = None, system: str | None = None,

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import httpx
@@ -68,7 +69,7 @@ class Wire:
 async def attempt(pool: Pool, wire: Wire, body: dict[str, Any], tools: tuple[str, ...]) -> Reply:
     try:
         async with pool.slot(wire.timeout.pool) as client, \
-                client.stream("POST", wire.url, content=wire_body(body), headers=wire.headers,
+                client.stream("POST", _url(wire.url), content=wire_body(body), headers=wire.headers,
                               timeout=wire.timeout) as resp:
             return await _read(resp, wire, tools)
     except httpx.TimeoutException as exc:
@@ -77,6 +78,11 @@ async def attempt(pool: Pool, wire: Wire, body: dict[str, Any], tools: tuple[str
     except httpx.TransportError as exc:
         raise Retry(StopError(StopReason.ENDPOINT_ERROR, f"connection error talking to {wire.where}: "
                               f"{type(exc).__name__}: {wire.redact(str(exc))}", error=type(exc).__name__)) from None
+
+
+@lru_cache(maxsize=64)  # a model's few URLs, each parsed once (httpx parses a str on every request)
+def _url(url: str) -> httpx.URL:
+    return httpx.URL(url)
 
 
 async def _read(resp: httpx.Response, wire: Wire, tools: tuple[str, ...]) -> Reply:

@@ -43,11 +43,14 @@ class Pool:
             return
         if self._gate is None:
             self._gate = asyncio.Semaphore(self.width)
-        try:
-            async with asyncio.timeout(wait_s):
-                await self._gate.acquire()
-        except TimeoutError:
-            raise httpx.PoolTimeout(f"no connection free in the pool within {wait_s}s") from None
+        if not self._gate.locked():  # a place is free: taken at once, no timer armed for a wait
+            await self._gate.acquire()
+        else:
+            try:
+                async with asyncio.timeout(wait_s):
+                    await self._gate.acquire()
+            except TimeoutError:
+                raise httpx.PoolTimeout(f"no connection free in the pool within {wait_s}s") from None
         try:
             yield self.client
         finally:

@@ -33,7 +33,7 @@ from .._setup import model_cap
 from ..integrations._config import Fence
 from ..integrations._fence import FenceStop, versions
 from ._answer import Answer
-from ._runs import FRAMEWORK, NOTES, Runs, WireRun, keyed, precheck, value_of
+from ._runs import FRAMEWORK, NOTES, Runs, WireRun, handed, keyed, precheck, value_of
 from ._view import TEXT_TOOLS
 
 __all__ = ["restore", "fold", "proxy_run"]
@@ -123,7 +123,7 @@ async def fold(log: RunLogFile, rid: str, owner: str | None, model: str | None, 
     h = log.header
     fence = Fence(limits=limits_of(h, log.path), policy=policy_of(h, log.path),
                   kinds={s.name: s.kind for s in h.specs})
-    tools = [fence.tool(s.name, s.parameters, s.description) for s in h.specs]
+    tools = [handed(fence, s.name, s.parameters, s.description) for s in h.specs]
     model = str(model or (h.model.get("model") if isinstance(h.model, dict) else "") or "")
     f = fence.start(h.task, tools, framework=FRAMEWORK, version=versions("loopfence"), model=model, system=h.system,
                     header={"proxy": h.record.get("proxy")},

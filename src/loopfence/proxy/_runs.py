@@ -68,7 +68,7 @@ from ._view import (TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, acti
 from ._wire import BadRequest, Incoming
 
 __all__ = ["Runs", "Settings", "WireRun", "RUN_ID", "RETRY_S", "FRAMEWORK", "NOTES", "keyed", "opening", "precheck",
-           "value_of", "id_base", "numbered", "no_cursor"]
+           "value_of", "handed", "id_base", "numbered", "no_cursor"]
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A request identical to its run's latest is a retry while that is in flight, or up to this many seconds
@@ -520,14 +520,14 @@ class Runs:
         polls = texts and any(k is ToolKind.POLL for k in st.kinds.values())
         kinds = {n: st.kinds[n] for n in names if n in st.kinds} | ({TEXT_POLL: ToolKind.POLL} if polls else {})
         fence = Fence(limits=limits or st.limits, policy=st.policy, kinds=kinds, log=log)
-        tools = [fence.tool(t["function"]["name"], t["function"].get("parameters"),
-                            t["function"].get("description") or "") for t in self.shared_specs(incoming.tools)]
+        tools = [handed(fence, t["function"]["name"], t["function"].get("parameters"),
+                        t["function"].get("description") or "") for t in self.shared_specs(incoming.tools)]
         about = ("an action the reply's text asks for (a code block, else the text): the client runs it, its "
                  "output is the next user message")
         if texts:
-            tools.append(fence.tool(TEXT_ACTION, TEXT_ACTION_SCHEMA, about))
+            tools.append(handed(fence, TEXT_ACTION, TEXT_ACTION_SCHEMA, about))
         if polls:
-            tools.append(fence.tool(TEXT_POLL, TEXT_ACTION_SCHEMA, about + "; its program is a poll (--kinds)"))
+            tools.append(handed(fence, TEXT_POLL, TEXT_ACTION_SCHEMA, about + "; its program is a poll (--kinds)"))
         system, task = opening(incoming.messages)
         model = self.upstream.model_name(incoming.model, incoming.wire)
         header = {"proxy": {"run": rid, "user_agent": user_agent, "upstream": self.upstream.describe(incoming.wire),
@@ -739,6 +739,12 @@ def _action_in(call: Any) -> str | None:
     except ValueError:
         return None
     return args.get("action") if isinstance(args, dict) else None
+
+
+def handed(fence: Fence, name: str, parameters: Any, description: str) -> Any:
+    """A tool of a proxied run: its results come from the client, already in hand (nothing is run here,
+    so there is nothing for the tool timeout to bound)."""
+    return fence.tool(name, parameters, description, isolation="inline")
 
 
 def value_of(content: str) -> Callable[[], Any]:
