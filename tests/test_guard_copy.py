@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopfence._guards import Guard, RepeatedCall, RepeatedCycle, RepeatedResult, StepLimit, default_guards
+from loopfence._guards import Guard, RepeatedCall, RepeatedCycle, RepeatedResult, StepLimit, _Settled, default_guards
 from loopfence._limits import Limits
 from loopfence._repeats import CycleTrail, RepeatCounts
 
@@ -103,3 +103,29 @@ def test_settled_guards_are_shared_and_a_guard_from_elsewhere_is_copied_whole() 
     assert sim.name == "mine" and sim.before_execution.__self__ is sim  # its own phases, bound to the copy
     assert all(m.__self__ is g for m, g in zip(sim._after_execution, [g for g in sim.guards if type(g).after_execution
                                                                      is not Guard.after_execution], strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS, OPS, st.booleans())
+def test_a_trial_copies_what_it_asks_and_shares_only_guards_it_never_asks(before: list[Any], after: list[Any],
+                                                                         both: bool) -> None:
+    """The proxy tries a reply's calls on `trial`: every guard watching a phase the trial asks
+    (before_execution; after_execution too when `both`) is its own copy there, and goes on alone as
+    the guards themselves would; a guard watching neither is the run's own (never asked, never changed)."""
+    guards = default_guards(Limits.coding(), [Counting(), Stateful(), Remembering()])
+    _apply(guards, before)
+    then = _state(guards)
+    sim = guards.trial({}, both)
+    asked = ("before_execution", "after_execution") if both else ("before_execution",)
+    for g, t in zip(guards.guards, sim.guards, strict=True):
+        watches = any(getattr(type(g), p) is not getattr(Guard, p) for p in asked)
+        settled = isinstance(g, _Settled) and type(g).__module__ == _Settled.__module__  # (its copy: itself)
+        assert (t is not g) == (watches and not settled), (type(g).__name__, watches)
+    if both:  # the repetition guards' state, copied and going on alone
+        assert _state(sim) == then
+        _apply(sim, after)
+        assert _state(guards) == then
+        _apply(guards, after)
+        assert _state(guards) == _state(sim)
+    assert sim.before_execution.__self__ is sim and all(
+        m.__self__ in sim.guards for m in sim._before_execution + sim._after_execution)

@@ -433,6 +433,15 @@ class Guards(_Copied):
         Guards.__init__(new, [copy.deepcopy(g, memo) for g in self.guards])
         return new
 
+    def trial(self, memo: dict[int, Any], after: bool) -> Guards:
+        """A copy to try calls on (the proxy's `precheck`): each guard the trial asks (before_execution,
+        and after_execution when `after`) copied as deepcopy copies it (`memo` names those it shares);
+        the others shared as they are: never asked, never changed."""
+        asked = ("before_execution", "after_execution") if after else ("before_execution",)
+        new = copy.copy(self)
+        Guards.__init__(new, [copy.deepcopy(g, memo) if any(_watches(g, p) for p in asked) else g for g in self.guards])
+        return new
+
     def before_request(self, s: RunState) -> Stop | None:
         return _first(self._before_request, s)
 
@@ -476,8 +485,12 @@ async def _then(pending: Any, rest: tuple[Any, ...], *args: Any) -> Any:
 
 def _watching(guards: tuple[Guard, ...], phase: str) -> tuple[Any, ...]:
     """The guards' bound `phase` methods, leaving out those that inherit Guard's allow-all one."""
-    base = getattr(Guard, phase)
-    return tuple(m for g in guards if getattr(m := getattr(g, phase), "__func__", None) is not base)
+    return tuple(getattr(g, phase) for g in guards if _watches(g, phase))
+
+
+def _watches(g: Guard, phase: str) -> bool:
+    """Whether `g` has a `phase` of its own (not Guard's allow-all one)."""
+    return getattr(getattr(g, phase), "__func__", None) is not getattr(Guard, phase)
 
 
 def default_guards(limits: Any, extra: list[Guard] | None = None, gate: Guard | None = None) -> Guards:

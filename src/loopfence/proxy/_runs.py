@@ -773,7 +773,7 @@ def precheck(f: FencedRun, shared: list[Any] | None = None) -> tuple[list[Any], 
     if turn is None:
         return [], None
     shared = uncopied(f.guards) if shared is None else shared
-    sim = copy.deepcopy(f.guards, {id(g): g for g in shared})
+    sim = f.guards.trial({id(g): g for g in shared}, after=len(turn.calls) > 1)  # (the last call's after: not asked)
     saved = (s.log, s.ledger.tool_executions, s.warning)
     s.log = None  # the copy writes nothing
     released = []
