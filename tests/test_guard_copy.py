@@ -127,5 +127,12 @@ def test_a_trial_copies_what_it_asks_and_shares_only_guards_it_never_asks(before
         assert _state(guards) == then
         _apply(guards, after)
         assert _state(guards) == _state(sim)
+    else:  # RepeatedCall, the built-in with state that before_execution reads and writes, goes on alone
+        theirs = [op for op in after if op[0] in ("ask", "change", "reply")]
+        assert _state(sim)[:2] == then[:2]
+        _apply(sim, theirs)
+        assert _state(guards)[:2] == then[:2]
+        _apply(guards, theirs)
+        assert _state(guards)[:2] == _state(sim)[:2]
     assert sim.before_execution.__self__ is sim and all(
         m.__self__ in sim.guards for m in sim._before_execution + sim._after_execution)

@@ -60,7 +60,7 @@ from .._stops import Stop, StopError, StopReason
 from ..integrations._config import Fence
 from ..integrations._fence import FencedRun, FenceStop, versions
 from ..tools._executor import ToolResult
-from ..tools._registry import ToolKind
+from ..tools._registry import Tool, ToolKind
 from ._answer import WIRE_EXTRA, Answer
 from ._upstream import DIALECTS, Relay, Upstream
 from ._view import (TEXT_ACTION, TEXT_ACTION_SCHEMA, TEXT_POLL, TEXT_TOOLS, action_of, answer_digest, call_ids_in, flat,
@@ -741,7 +741,7 @@ def _action_in(call: Any) -> str | None:
     return args.get("action") if isinstance(args, dict) else None
 
 
-def handed(fence: Fence, name: str, parameters: Any, description: str) -> Any:
+def handed(fence: Fence, name: str, parameters: Any, description: str) -> Tool:
     """A tool of a proxied run: its results come from the client, already in hand (nothing is run here,
     so there is nothing for the tool timeout to bound)."""
     return fence.tool(name, parameters, description, isolation="inline")
