@@ -74,6 +74,7 @@ class Stages:
         from loopfence.proxy import _app, _load, _runs, _upstream
         for label, owner, name in [
                 ("body parsed (JSON)", _app, "loads"), ("body weighed", _load.Load, "take"),
+                ("body read from its bytes (what is new)", _app, "parsed"),
                 ("request checked and read (parse: digests, view)", _app, "parse"),
                 ("run placed, fenced and answered (Runs.answer)", _runs.Runs, "answer"),
                 ("  run started (its first request)", _runs.Runs, "_start"),

@@ -24,7 +24,7 @@ try:  # the fast paths (pydantic's own serializer and parser, compiled); the std
 except ImportError:  # pragma: no cover - pydantic is a dependency
     _fast_json = _fast_parse = None
 
-__all__ = ["canonical_json", "fingerprint", "loads", "loads_object", "dumps", "wire_body", "Encoded", "line", "loggable",
+__all__ = ["canonical_json", "fingerprint", "loads", "loads_at", "loads_object", "dumps", "wire_body", "Encoded", "line", "loggable",
            "depth", "check_depth", "read_bounded", "load_json_items", "json_items", "JsonFileError", "JsonLimitError",
            "MAX_DEPTH", "MAX_LOG_DEPTH", "MAX_INT_DIGITS", "MAX_INPUT_BYTES"]
 
@@ -256,6 +256,12 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH, strict: bool = False
     if deep and text.count("{") + text.count("[") > max_depth:  # else no value in it can nest deeper: each
         check_depth(value, max_depth)  # level opens with a bracket (one in a string only adds)
     return value
+
+
+def loads_at(text: str, at: int) -> tuple[Any, int]:
+    """The JSON value in `text` that begins at `at` (no whitespace before it), and where it ends: the
+    stdlib's scanner, strict and with `loads`' bound on integers (its depth: a RecursionError)."""
+    return _STRICT.raw_decode(text, at)
 
 
 def loads_object(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:

@@ -39,9 +39,11 @@ from .._json import loads
 from . import _anthropic, _gemini, _responses
 from ._access import Access, Refused
 from ._load import Load
+from ._prefix import parsed
 from ._answer import RUN_HEADER, Answer, sse
 from ._runs import RUN_ID, Runs
 from ._upstream import CLIENT_KEYS
+from ._view import known_before
 from ._wire import BadRequest, Incoming, parse
 
 __all__ = ["create_app", "MAX_BODY", "SESSION_HEADERS", "run_name", "SERVED"]
@@ -90,9 +92,11 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
     sessions = (*SESSION_HEADERS, *(h.lower() for h in runs.settings.session_headers))
     tasks: set[asyncio.Task[Any]] = set()  # requests at work (kept from the garbage collector)
 
-    async def body_of(request: Request, deep: bool = True) -> Any:
-        """The request's JSON body, weighed before it is parsed; `deep=False`: its nesting is checked
-        by its wire's parse (Chat Completions: the messages it has not seen before only)."""
+    async def body_of(request: Request, deep: bool = True) -> tuple[Any, Any]:
+        """The request's JSON body, weighed before it is parsed, and its messages' reading begun if read
+        from its bytes (else None). `deep=False` (Chat Completions): its nesting is checked by its wire's
+        parse (the messages it has not seen before only), and the body is read from its bytes: from
+        where the known conversation whose bytes it begins with stopped, if any (`_prefix`)."""
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > max_body:
             raise BadRequest(f"the request body is {int(length)} bytes, over the proxy's limit of {max_body}",
@@ -110,9 +114,13 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
             raise BadRequest(f"the request body did not arrive within {BODY_TIMEOUT_S:g}s", None, 408) from None
         raw = b"".join(parts)  # copied once (a bytearray grown piece by piece copies it as it grows, then again)
         del parts
-        load.take(request.scope, raw)  # its weight once parsed, before it is parsed (413, 429)
+        known = None if deep else known_before(raw)
+        load.take(request.scope, raw, known.counts if known is not None else None)  # its weight once parsed,
+        got = None if deep else parsed(raw, known)  # before it is parsed (413, 429)
+        if got is not None:
+            return got
         try:
-            return loads(raw, strict=True, deep=deep)
+            return loads(raw, strict=True, deep=deep), None
         except ValueError as exc:
             raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
@@ -137,8 +145,8 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         None: Chat Completions)."""
         try:
             who = owner(request)
-            body = await body_of(request, deep=dialect is not None)
-            incoming = (read or dialect.parse)(body) if dialect is not None else parse(body)
+            body, started = await body_of(request, deep=dialect is not None)
+            incoming = (read or dialect.parse)(body) if dialect is not None else parse(body, started)
         except Refused as no:
             return refused(dialect, no.status, no.message, code=no.code,
                            headers={"Retry-After": "1"} if no.status == 429 else None)
@@ -235,7 +243,7 @@ def create_app(runs: Runs, *, keys: Iterable[str] = (), max_body: int = MAX_BODY
         """A request of `dialect` passed through to its upstream's `path`, outside any run."""
         try:
             owner(request)
-            body = await body_of(request)
+            body, _ = await body_of(request)
         except Refused as no:
             return refused(dialect, no.status, no.message, code=no.code,
                            headers={"Retry-After": "1"} if no.status == 429 else None)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ._access import Refused
 
-__all__ = ["Load", "MAX_CONCURRENT", "BUDGET", "weigh"]
+__all__ = ["Load", "MAX_CONCURRENT", "BUDGET", "Counts", "counts", "weigh"]
 
 MAX_CONCURRENT = 64  # requests at work at once (--max-concurrent)
 BUDGET = 1 << 30  # bytes the requests at work may take parsed, together (--max-memory, in MiB)
@@ -34,11 +34,22 @@ HOLDS = "loopfence.holds"  # what still works for the request: its handler, and 
 _NOT_COUNTED = bytes(range(256)).translate(None, b'{["')  # every byte but the three `weigh` counts
 
 
-def weigh(data: bytes) -> int:
-    """A body's memory once parsed, estimated from its bytes (every bracket and quote counts, those in
-    strings too: an estimate that errs high). One pass over the body keeps the three bytes counted."""
+Counts = tuple[int, int, int]  # what `weigh` counts in some bytes: their length, brackets and quotes
+
+
+def counts(data: bytes) -> Counts:
+    """What `weigh` counts in `data`, in one pass (one translate keeps the three bytes counted)."""
     kept = data.translate(None, _NOT_COUNTED)
-    return len(data) * 2 + (kept.count(b"{") + kept.count(b"[")) * NODE_BYTES + kept.count(b'"') // 2 * STRING_BYTES
+    return len(data), kept.count(b"{") + kept.count(b"["), kept.count(b'"')
+
+
+def weigh(data: bytes, known: Counts | None = None) -> int:
+    """A body's memory once parsed, estimated from its bytes (every bracket and quote counts, those in
+    strings too: an estimate that errs high). `known`: the counts of a prefix of `data`, counted before
+    (a conversation's body it extends): only the rest is counted, to the same sum."""
+    n, brackets, quotes = counts(data) if known is None else \
+        tuple(a + b for a, b in zip(known, counts(data[known[0]:]), strict=True))
+    return n * 2 + brackets * NODE_BYTES + quotes // 2 * STRING_BYTES
 
 
 class Load:
@@ -53,9 +64,10 @@ class Load:
         self.at_work = 0
         self.weight = 0
 
-    def take(self, scope: dict[str, Any], data: bytes) -> None:
-        """Reserve `data`'s weight for the request of `scope` (released when it ends), or Refused."""
-        w = weigh(data)
+    def take(self, scope: dict[str, Any], data: bytes, known: Counts | None = None) -> None:
+        """Reserve `data`'s weight for the request of `scope` (released when it ends), or Refused
+        (`known`: as `weigh`'s)."""
+        w = weigh(data, known)
         if w > self.per_request:
             raise Refused(413, f"the request body would take about {w >> 20} MiB once read ({len(data):,} bytes "
                           f"of JSON), over the proxy's limit of {self.per_request >> 20} MiB for one request "

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from .._json import canonical_json, loads  # bounded: deep nesting is a ValueError, never a RecursionError
 
-__all__ = ["flat", "calls_in_text", "item_of", "read", "read_kept", "reading", "Read", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
+__all__ = ["flat", "calls_in_text", "item_of", "read", "read_kept", "reading", "known_before", "Read", "view", "digests", "marks", "task_marks", "answer_digest", "action_of", "program_of", "call_ids_in", "TEXT_ACTION",
            "TEXT_POLL", "TEXT_TOOLS", "TEXT_ACTION_SCHEMA"]
 
 MARKED = 8  # the assistant messages of a request, from its last, that `marks` reads
@@ -236,9 +236,20 @@ class _Reading:
     size: int = 0
     checked: Any = None
     hashed: tuple[str, int, Any] | None = None  # a body's text before its messages, how many, hashed through them
+    # read from a body's bytes (`_prefix`): those bytes through its last message, the fields before its
+    # messages (parsed), and what `_load.weigh` counts in those bytes; b"" when read otherwise
+    raw: bytes = b""
+    head: dict[str, Any] = field(default_factory=dict)
+    counts: tuple[int, int, int] = (0, 0, 0)
+    head_size: int = 0  # what `head` takes, about
+
+    @property
+    def held(self) -> int:
+        """What keeping this reading takes, about (bytes)."""
+        return self.size + len(self.raw) + self.head_size
 
     def go_on(self) -> _Reading:
-        """A copy to read more messages into (this one stays as it was)."""
+        """A copy to read more messages into (this one stays as it was; its bytes are not the copy's)."""
         wires = list(self.wires)
         for i in self.loose:
             wires[i] = None
@@ -313,17 +324,29 @@ def _joined(run: list[Seen]) -> tuple[Item, str, str]:
     return item, _digest(item), _digest(item[1]) if role == "user" else ""
 
 
+WINDOW = 64  # `_Known` places a conversation read from bytes by the WINDOW bytes before a power of two in them
+BUCKET = 8  # the conversations one place holds, at most (the latest)
+
+
+def _place(raw: bytes) -> tuple[int, bytes] | None:
+    if len(raw) < WINDOW:
+        return None
+    at = 1 << (len(raw).bit_length() - 1)  # the largest power of two in its length
+    return at, raw[at - WINDOW:at]
+
+
 class _Known:
     """The conversations as their latest requests sent them (read), so that the next request of one,
     which carries all of it again, is read from where it left off: found by its length and its last
     message, then compared whole (in C, not message by message in Python; a message no key holds by
-    its canonical JSON, which tells `true` from `1`). Bounded (`KNOWN_BYTES`), the least recently
-    extended first out."""
+    its canonical JSON, which tells `true` from `1`), or before it is parsed, by its bytes (`after`).
+    Bounded (`KNOWN_BYTES`), the least recently extended first out."""
 
     def __init__(self, budget: int = KNOWN_BYTES) -> None:
         self.budget = budget
         self.chars = 0
         self.kept: OrderedDict[Any, _Reading] = OrderedDict()
+        self.placed: dict[tuple[int, bytes], list[_Reading]] = {}  # those read from bytes (`_place`)
 
     @staticmethod
     def _ident(messages: list[Any], n: int) -> Any:
@@ -341,33 +364,70 @@ class _Known:
             return None
         return None
 
+    def after(self, data: bytes) -> _Reading | None:
+        """The longest known conversation read from bytes that `data` begins with, through its last
+        message (the same bytes parse to the same values: nothing of it need be parsed again). Looked
+        for where it was placed: at each power of two in `data`'s length, the WINDOW bytes before it."""
+        at = 1 << max(0, (len(data) - 1).bit_length() - 1)
+        while at >= WINDOW:
+            best = None
+            for r in self.placed.get((at, data[at - WINDOW:at]), ()):
+                if len(r.raw) < len(data) and (best is None or len(r.raw) > len(best.raw)) and data.startswith(r.raw):
+                    best = r
+            if best is not None:
+                return best
+            at >>= 1
+        return None
+
     def keep(self, reading: _Reading, replaces: _Reading | None) -> None:
         if replaces is not None and replaces.messages:  # the conversation moved on: its shorter self is of no use
             key = self._ident(replaces.messages, len(replaces.messages))
             if self.kept.get(key) is replaces:
-                self.chars -= self.kept.pop(key).size
+                self._out(self.kept.pop(key))
         if not reading.messages:
             return
         key = self._ident(reading.messages, len(reading.messages))
         old = self.kept.pop(key, None)
         if old is not None:
-            self.chars -= old.size
-        if reading.size > self.budget:
+            self._out(old)
+        if reading.held > self.budget:
             return
         self.kept[key] = reading
-        self.chars += reading.size
+        self.chars += reading.held
+        at = _place(reading.raw)
+        if at is not None:
+            same = self.placed.setdefault(at, [])
+            same.append(reading)
+            del same[:-BUCKET]
         while self.chars > self.budget and self.kept:
-            self.chars -= self.kept.popitem(last=False)[1].size
+            self._out(self.kept.popitem(last=False)[1])
+
+    def _out(self, reading: _Reading) -> None:
+        """`reading` gone from `kept`: its size given back, and its place."""
+        self.chars -= reading.held
+        at = _place(reading.raw)
+        same = self.placed.get(at) if at is not None else None
+        if same is not None:
+            same[:] = [r for r in same if r is not reading]
+            if not same:
+                del self.placed[at]  # type: ignore[arg-type]  (placed: a place)
 
 
 _KNOWN = _Known()
 
 
-def reading(messages: list[Any]) -> tuple[_Reading | None, _Reading]:
+def reading(messages: list[Any], known: Any = False) -> tuple[_Reading | None, _Reading]:
     """The known conversation `messages` extends (None: none), and a reading to go on with: a copy of
-    it, or a fresh one. `read(messages, ...)` finishes it."""
-    known = _KNOWN.find(messages)
+    it, or a fresh one. `read(messages, ...)` finishes it. `known`: that conversation, if found already
+    (`known_before`)."""
+    known = _KNOWN.find(messages) if known is False else known
     return known, known.go_on() if known is not None else _Reading()
+
+
+def known_before(data: bytes) -> Any:
+    """The known conversation a request body's bytes begin with, through its last message, read from
+    bytes before (`_prefix`): its `raw` bytes, `head` fields and their `counts`; None: none."""
+    return _KNOWN.after(data)
 
 
 def read(messages: list[Any], started: tuple[_Reading | None, _Reading] | None = None,

@@ -197,8 +197,9 @@ class _KnownTools:
 _TOOLS = _KnownTools()
 
 
-def parse(body: Any) -> Incoming:
-    """The request checked: BadRequest naming the first field that is wrong."""
+def parse(body: Any, started: Any = None) -> Incoming:
+    """The request checked: BadRequest naming the first field that is wrong. `started`: its messages'
+    reading begun (`_view.reading`), if the body was read from the bytes of a known one (`_prefix`)."""
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, got {kind(body)}")
     unknown = sorted(k for k in body if k not in KNOWN_FIELDS)
@@ -211,7 +212,8 @@ def parse(body: Any) -> Incoming:
     _check_tools(tools)
     key = _TOOLS.key(tools) if tools else None
     known = _TOOLS.find(key)  # the same tools as a request before: checked, canonical and written then
-    started = reading(messages)  # the known conversation it extends: only its new messages are checked and read
+    if started is None:  # the known conversation it extends: only its new messages are checked and read
+        started = reading(messages)
     going = started[1]
     try:  # its nesting: the rest of the body, and the messages not seen before (a message sits 2 levels in)
         check_depth({k: v for k, v in body.items() if k != "messages" and (known is None or k != "tools")})
