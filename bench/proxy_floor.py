@@ -73,8 +73,8 @@ class Stages:
         from loopfence.integrations._fence import FencedRun
         from loopfence.proxy import _app, _load, _runs, _upstream
         for label, owner, name in [
-                ("body parsed (JSON)", _app, "loads"), ("body weighed", _load.Load, "take"),
-                ("body read from its bytes (what is new)", _app, "parsed"),
+                ("body parsed (JSON)", _app, "loads"), ("body parsed (JSON)", _app, "parsed"),
+                ("body weighed", _load.Load, "take"),
                 ("request checked and read (parse: digests, view)", _app, "parse"),
                 ("run placed, fenced and answered (Runs.answer)", _runs.Runs, "answer"),
                 ("  run started (its first request)", _runs.Runs, "_start"),
@@ -88,7 +88,8 @@ class Stages:
                 ("  of these: notes written", _runs.WireRun, "note")]:
             if owner is not None:
                 setattr(owner, name, self._timer(label, getattr(owner, name)))
-            self.labels.append(label)
+            if label not in self.labels:  # (one stage, timed in two places: the body parsed whole, or what is new)
+                self.labels.append(label)
         return self._timer(CANNED, canned)  # type: ignore[no-any-return]
 
     def _timer(self, label: str, fn: Any) -> Any:
