@@ -113,6 +113,26 @@ def test_a_growing_conversation_parses_only_what_is_new(monkeypatch: pytest.Monk
                      {"role": "tool", "tool_call_id": f"c{turn}", "content": f"page {turn} ü"}]
 
 
+def test_a_conversation_found_by_value_keeps_the_fields_in_this_body_s_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body read from the start may extend a known conversation equal in value but written with its
+    fields in another order (another client's); the messages kept with these bytes are this body's, so
+    the next request, read from them, has its fields in its own order, as a whole parse gives them."""
+    monkeypatch.setattr(_view, "_KNOWN", _view._Known())
+    text = "hi (a field order test) " + "x" * 80
+
+    def send(body: dict[str, Any]) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        got = _prefix.parsed(data, _view.known_before(data))
+        assert got is not None
+        parse(*got)
+        assert _same(got[0], json.loads(data))
+        return got[0]
+
+    send({"model": "a", "messages": [{"content": text, "role": "user"}]})
+    send({"model": "b", "messages": [{"role": "user", "content": text}]})
+    send({"model": "b", "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "yo"}]})
+
+
 NOT_FOLLOWED = [  # bodies this reading leaves to the whole parse (which refuses or reads each as before)
     b'{"model": "m", "messages": [{"role": "user", "content": "hi"}],}',  # a comma before the end
     b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]} x',  # text after the body

@@ -14,6 +14,8 @@ it whole, as before, with its own errors.
 
 Only the parse is saved; every check after it (the wire's, the depth and integer bounds on what is
 new, the weighing before it, the run identity) reads the same values as a whole parse would give.
+The known part's values are the objects read before (its messages, and the fields before them), shared
+by every body read from them: nothing after the parse changes a body's values in place.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ def parsed(data: bytes, known: Any) -> tuple[dict[str, Any], Any] | None:
     end = at + (last if s.isascii() else len(s[:last].encode("utf-8"))) if last else at
     started = reading(body["messages"], known) if known is not None else reading(body["messages"])
     going = started[1]
+    if known is None:  # one found by value may hold its messages' fields in another order: these bytes' are kept
+        going.messages[:] = body["messages"][:len(going.messages)]
     going.raw = data[:end]
     going.head = head
     going.counts = _plus(known.counts, counts(data[at:end])) if known is not None else counts(going.raw)
