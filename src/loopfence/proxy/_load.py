@@ -21,7 +21,7 @@ from typing import Any
 
 from ._access import Refused
 
-__all__ = ["Load", "MAX_CONCURRENT", "BUDGET", "Counts", "counts", "weigh"]
+__all__ = ["Load", "MAX_CONCURRENT", "BUDGET", "Counts", "counts", "plus", "weigh"]
 
 MAX_CONCURRENT = 64  # requests at work at once (--max-concurrent)
 BUDGET = 1 << 30  # bytes the requests at work may take parsed, together (--max-memory, in MiB)
@@ -43,12 +43,16 @@ def counts(data: bytes) -> Counts:
     return len(data), kept.count(b"{") + kept.count(b"["), kept.count(b'"')
 
 
+def plus(a: Counts, b: Counts) -> Counts:
+    """The counts of two runs of bytes, one after the other."""
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+
+
 def weigh(data: bytes, known: Counts | None = None) -> int:
     """A body's memory once parsed, estimated from its bytes (every bracket and quote counts, those in
     strings too: an estimate that errs high). `known`: the counts of a prefix of `data`, counted before
     (a conversation's body it extends): only the rest is counted, to the same sum."""
-    n, brackets, quotes = counts(data) if known is None else \
-        tuple(a + b for a, b in zip(known, counts(data[known[0]:]), strict=True))
+    n, brackets, quotes = counts(data) if known is None else plus(known, counts(data[known[0]:]))
     return n * 2 + brackets * NODE_BYTES + quotes // 2 * STRING_BYTES
 
 

@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 from .._json import loads, loads_at
-from ._load import Counts, counts
+from ._load import counts, plus
 from ._view import PARSED, reading
 
 __all__ = ["parsed", "FRESH_BYTES"]
@@ -97,10 +97,6 @@ def _tail(s: str, i: int) -> dict[str, Any]:
     return rest
 
 
-def _plus(a: Counts, b: Counts) -> Counts:
-    return a[0] + b[0], a[1] + b[1], a[2] + b[2]
-
-
 def parsed(data: bytes, known: Any) -> tuple[dict[str, Any], Any] | None:
     """The body `data` parsed, and its reading begun (`_view.reading`'s pair, for the wire's parse),
     from `known` (`_view.known_before(data)`; None: from the start); None when this reading cannot
@@ -128,6 +124,6 @@ def parsed(data: bytes, known: Any) -> tuple[dict[str, Any], Any] | None:
         going.messages[:] = body["messages"][:len(going.messages)]
     going.raw = data[:end]
     going.head = head
-    going.counts = _plus(known.counts, counts(data[at:end])) if known is not None else counts(going.raw)
+    going.counts = plus(known.counts, counts(data[at:end])) if known is not None else counts(going.raw)
     going.head_size = known.head_size if known is not None else PARSED * start
     return body, started
